@@ -147,3 +147,225 @@ class CheckpointInfo:
             "plan": self.plan.to_dict() if self.plan is not None else None,
             "plan_error": self.plan_error,
         }
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading headers
+
+
+def read_safetensors_header(file: Path) -> list[TensorInfo]:
+    """Every tensor of one safetensors file, checked against the file's real size."""
+    size = file.stat().st_size
+    name = file.name
+    if size < 8:
+        raise CorruptCheckpoint(f"{name} is truncated: it is {size} bytes, too short for a header.")
+    with open(file, "rb") as f:
+        (header_len,) = struct.unpack("<Q", f.read(8))
+        if header_len > min(size - 8, _MAX_HEADER_BYTES):
+            raise CorruptCheckpoint(
+                f"{name} is corrupt or truncated: its header claims {header_len:,} bytes but the "
+                f"file holds {size - 8:,} after the length field.")
+        raw = f.read(header_len)
+    try:
+        header = json.loads(raw)
+        if not isinstance(header, dict):
+            raise ValueError("not an object")
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise CorruptCheckpoint(f"{name} has a malformed header ({exc}).") from None
+    data_start = 8 + header_len
+    data_size = size - data_start
+    tensors = []
+    for tname, entry in header.items():
+        if tname == "__metadata__":
+            continue
+        try:
+            dtype = entry["dtype"]
+            shape = tuple(int(d) for d in entry["shape"])
+            begin, end = (int(x) for x in entry["data_offsets"])
+        except (KeyError, TypeError, ValueError):
+            raise CorruptCheckpoint(f"{name}: the header entry for {tname} is malformed.") from None
+        if dtype not in SAFETENSORS_DTYPES:
+            raise UnsupportedTensorType(f"{name}: tensor {tname} has dtype {dtype}, which Hearth cannot read.")
+        if any(d < 0 for d in shape) or not 0 <= begin <= end:
+            raise CorruptCheckpoint(f"{name}: tensor {tname} has a negative shape or offsets.")
+        expected = math.prod(shape) * SAFETENSORS_DTYPES[dtype]
+        if end - begin != expected:
+            raise CorruptCheckpoint(
+                f"{name}: tensor {tname} is {dtype} {list(shape)}, which needs {expected:,} bytes, "
+                f"but the header gives it {end - begin:,}.")
+        if end > data_size:
+            raise CorruptCheckpoint(
+                f"{name} is truncated: tensor {tname} ends at byte {data_start + end:,} but the file "
+                f"has only {size:,} bytes. Download or copy it again.")
+        tensors.append(TensorInfo(tname, dtype, shape, end - begin, name, data_start + begin))
+    tensors.sort(key=lambda t: t.offset)
+    return tensors
+
+
+def _load_json(file: Path, what: str) -> dict:
+    try:
+        with open(file, encoding="utf-8") as f:
+            value = json.load(f)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise CorruptCheckpoint(f"{file.name} ({what}) is not valid JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise CorruptCheckpoint(f"{file.name} ({what}) is not a JSON object.")
+    return value
+
+
+def _safetensors_files(folder: Path) -> list[Path]:
+    index = folder / "model.safetensors.index.json"
+    if index.exists():
+        weight_map = _load_json(index, "shard index").get("weight_map")
+        if not isinstance(weight_map, dict) or not weight_map:
+            raise CorruptCheckpoint("model.safetensors.index.json has no weight_map.")
+        files = []
+        for shard in dict.fromkeys(weight_map.values()):
+            path = folder / shard
+            if not path.exists():
+                raise CorruptCheckpoint(f"The shard {shard} named in model.safetensors.index.json is missing.")
+            files.append(path)
+        return files
+    return sorted(folder.glob("*.safetensors"))
+
+
+def decoder_config_from_hf(config: dict) -> DecoderConfig:
+    """The decoder hyper-parameters from a Hugging Face config.json."""
+    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
+    archs = config.get("architectures") or []
+    try:
+        hidden = int(text["hidden_size"])
+        heads = int(text["num_attention_heads"])
+        layers = int(text["num_hidden_layers"])
+        vocab = int(text["vocab_size"])
+        intermediate = int(text.get("intermediate_size") or text.get("moe_intermediate_size") or 0)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise MissingConfig(f"config.json lacks a decoder setting: {exc}") from None
+    kv_heads = int(text.get("num_key_value_heads") or heads)
+    head_dim = int(text.get("head_dim") or hidden // heads)
+    eos = text.get("eos_token_id", config.get("eos_token_id"))
+    eos_ids = tuple(int(e) for e in (eos if isinstance(eos, list) else [eos] if eos is not None else []))
+    model_type = str(text.get("model_type") or config.get("model_type") or "")
+    experts = int(text.get("num_experts") or text.get("num_local_experts") or text.get("n_routed_experts") or 0)
+    return DecoderConfig(
+        architecture=str(archs[0]) if archs else "",
+        model_type=model_type,
+        num_layers=layers,
+        hidden_size=hidden,
+        num_heads=heads,
+        num_kv_heads=kv_heads,
+        head_dim=head_dim,
+        intermediate_size=intermediate,
+        vocab_size=vocab,
+        max_position_embeddings=int(text.get("max_position_embeddings") or 2048),
+        rms_norm_eps=float(text.get("rms_norm_eps") or 1e-6),
+        rope_theta=float(text.get("rope_theta") or (text.get("rope_parameters") or {}).get("rope_theta") or 10000.0),
+        rope_scaling=_rope_scaling(text),
+        tie_word_embeddings=bool(config.get("tie_word_embeddings", text.get("tie_word_embeddings", False))),
+        attention_bias=bool(text.get("attention_bias", model_type == "qwen2")),
+        qk_norm=model_type in ("qwen3", "qwen3_moe"),
+        num_experts=experts,
+        num_experts_per_tok=int(text.get("num_experts_per_tok") or 0),
+        moe_intermediate_size=int(text.get("moe_intermediate_size") or 0) if experts else 0,
+        bos_token_id=text.get("bos_token_id", config.get("bos_token_id")),
+        eos_token_ids=eos_ids,
+    )
+
+
+def _rope_scaling(text: dict) -> Optional[dict]:
+    scaling = text.get("rope_scaling") or text.get("rope_parameters")
+    if not isinstance(scaling, dict):
+        return None
+    kind = scaling.get("rope_type") or scaling.get("type")
+    if kind in (None, "default"):
+        return None
+    return dict(scaling, rope_type=kind)
+
+
+def _quantization(config: dict, tensors: list[TensorInfo]) -> str:
+    qc = config.get("quantization_config") or {}
+    algo = str(qc.get("quant_algo") or qc.get("quant_method") or "").lower()
+    if "nvfp4" in algo or any(t.name.endswith("weight_scale_2") for t in tensors):
+        return "nvfp4"
+    if algo:
+        return algo
+    counts: dict = {}
+    for t in tensors:
+        if len(t.shape) == 2:
+            counts[t.dtype] = counts.get(t.dtype, 0) + t.bytes
+    dominant = max(counts, key=counts.get) if counts else "BF16"
+    return {"BF16": "bf16", "F16": "fp16", "F32": "fp32"}.get(dominant, dominant.lower())
+
+
+def inspect(path) -> CheckpointInfo:
+    """Inspect a Hugging Face folder (single or sharded safetensors) or a .gguf file.
+
+    Reads headers only. The result carries the tensor catalog and the execution plan (or the
+    reason there is none in `plan_error`).
+    """
+    from .catalog import TensorCatalog
+    from .plan import ExecutionPlan
+    from .errors import HearthError
+
+    path = Path(path).expanduser()
+    if not path.exists():
+        raise CheckpointNotFound(f"Nothing exists at {path}.")
+    if path.is_file():
+        if path.suffix.lower() == ".gguf":
+            from .gguf_import import inspect_gguf
+
+            info = inspect_gguf(path)
+        elif path.suffix.lower() == ".safetensors":
+            return inspect(path.parent)
+        else:
+            raise NotACheckpoint(f"{path.name} is neither a Hugging Face checkpoint folder nor a .gguf file.")
+    else:
+        info = _inspect_folder(path)
+    info.catalog = TensorCatalog.build(info.decoder, info.tensors)
+    try:
+        info.plan = ExecutionPlan.discover(info.decoder, info.catalog, info.metadata.quantization)
+    except HearthError as exc:
+        info.plan, info.plan_error = None, exc.message
+    return info
+
+
+def _inspect_folder(folder: Path) -> CheckpointInfo:
+    files = _safetensors_files(folder)
+    config_file = folder / "config.json"
+    if not files:
+        if config_file.exists():
+            raise NotACheckpoint(
+                f"{folder.name} has a config.json but no .safetensors weights "
+                "(PyTorch .bin checkpoints are not supported: convert them to safetensors).")
+        raise NotACheckpoint(f"{folder} holds no checkpoint: no config.json and no .safetensors files.")
+    if not config_file.exists():
+        raise MissingConfig(f"{folder.name} has weights but no config.json, so its architecture is unknown.")
+    config = _load_json(config_file, "model configuration")
+    tensors: list[TensorInfo] = []
+    for file in files:
+        tensors.extend(read_safetensors_header(file))
+    decoder = decoder_config_from_hf(config)
+    tokenizer_config = folder / "tokenizer_config.json"
+    has_template = (folder / "chat_template.jinja").exists()
+    if tokenizer_config.exists() and not has_template:
+        try:
+            has_template = bool(_load_json(tokenizer_config, "tokenizer settings").get("chat_template"))
+        except CorruptCheckpoint:
+            has_template = False
+    dtypes: dict = {}
+    for t in tensors:
+        dtypes[t.dtype] = dtypes.get(t.dtype, 0) + 1
+    metadata = ModelMetadata(
+        architecture=decoder.architecture,
+        model_type=decoder.model_type,
+        parameter_count=sum(t.numel for t in tensors),
+        dtypes=dtypes,
+        quantization=_quantization(config, tensors),
+        context_length=decoder.max_position_embeddings,
+        vocab_size=decoder.vocab_size,
+        tied_embeddings=decoder.tie_word_embeddings or not any(t.name == "lm_head.weight" for t in tensors),
+        has_tokenizer=(folder / "tokenizer.json").exists(),
+        has_chat_template=has_template,
+    )
+    all_files = {p.name: p.stat().st_size for p in sorted(folder.iterdir()) if p.is_file()}
+    return CheckpointInfo(folder, "safetensors", all_files, tensors, config, metadata, decoder)

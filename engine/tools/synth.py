@@ -1,0 +1,213 @@
+"""Write random-weight Hugging Face checkpoints in the real shapes, for tests and benchmarks.
+
+    python -m engine.tools.synth --shape llama3.1-8b --out /tmp/llama8b [--seed S] [--dtype bf16]
+
+Weights are drawn N(0, 0.02) (norm weights around 1), in bf16 by default, and streamed tensor by
+tensor into safetensors files (on the GPU when torch sees one, so the 8B shape takes seconds, not
+minutes). `--tokenizer` adds a byte-level tokenizer and a ChatML template so chat works end to end.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import struct
+import sys
+from pathlib import Path
+
+SHAPES = {
+    "tiny": dict(architectures=["LlamaForCausalLM"], model_type="llama", hidden_size=64, num_hidden_layers=2,
+                 num_attention_heads=4, num_key_value_heads=2, intermediate_size=160, vocab_size=384,
+                 max_position_embeddings=1024, rope_theta=10000.0, rms_norm_eps=1e-5, tie_word_embeddings=True),
+    "tiny-llama3": dict(architectures=["LlamaForCausalLM"], model_type="llama", hidden_size=64, num_hidden_layers=2,
+                        num_attention_heads=4, num_key_value_heads=1, intermediate_size=96, vocab_size=320,
+                        max_position_embeddings=4096, rope_theta=500000.0, rms_norm_eps=1e-5,
+                        tie_word_embeddings=False,
+                        rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                      "high_freq_factor": 4.0, "original_max_position_embeddings": 256}),
+    "tiny-qwen2": dict(architectures=["Qwen2ForCausalLM"], model_type="qwen2", hidden_size=64, num_hidden_layers=2,
+                       num_attention_heads=4, num_key_value_heads=2, intermediate_size=128, vocab_size=320,
+                       max_position_embeddings=1024, rope_theta=1000000.0, rms_norm_eps=1e-6,
+                       tie_word_embeddings=False),
+    "tiny-qwen3": dict(architectures=["Qwen3ForCausalLM"], model_type="qwen3", hidden_size=64, num_hidden_layers=2,
+                       num_attention_heads=4, num_key_value_heads=2, head_dim=32, intermediate_size=128,
+                       vocab_size=320, max_position_embeddings=1024, rope_theta=1000000.0, rms_norm_eps=1e-6,
+                       tie_word_embeddings=True, attention_bias=False),
+    "tiny-mistral": dict(architectures=["MistralForCausalLM"], model_type="mistral", hidden_size=64,
+                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, intermediate_size=128,
+                         vocab_size=320, max_position_embeddings=1024, rope_theta=10000.0, rms_norm_eps=1e-5,
+                         tie_word_embeddings=False, sliding_window=None),
+    "smollm2-135m": dict(architectures=["LlamaForCausalLM"], model_type="llama", hidden_size=576,
+                         num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3,
+                         intermediate_size=1536, vocab_size=49152, max_position_embeddings=8192,
+                         rope_theta=100000.0, rms_norm_eps=1e-5, tie_word_embeddings=True),
+    "llama3.2-1b": dict(architectures=["LlamaForCausalLM"], model_type="llama", hidden_size=2048,
+                        num_hidden_layers=16, num_attention_heads=32, num_key_value_heads=8, head_dim=64,
+                        intermediate_size=8192, vocab_size=128256, max_position_embeddings=131072,
+                        rope_theta=500000.0, rms_norm_eps=1e-5, tie_word_embeddings=True,
+                        rope_scaling={"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0,
+                                      "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}),
+    "llama3.1-8b": dict(architectures=["LlamaForCausalLM"], model_type="llama", hidden_size=4096,
+                        num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8, head_dim=128,
+                        intermediate_size=14336, vocab_size=128256, max_position_embeddings=131072,
+                        rope_theta=500000.0, rms_norm_eps=1e-5, tie_word_embeddings=False,
+                        rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                      "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}),
+    "qwen3-0.6b": dict(architectures=["Qwen3ForCausalLM"], model_type="qwen3", hidden_size=1024,
+                       num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8, head_dim=128,
+                       intermediate_size=3072, vocab_size=151936, max_position_embeddings=40960,
+                       rope_theta=1000000.0, rms_norm_eps=1e-6, tie_word_embeddings=True, attention_bias=False),
+    "qwen3-8b": dict(architectures=["Qwen3ForCausalLM"], model_type="qwen3", hidden_size=4096,
+                     num_hidden_layers=36, num_attention_heads=32, num_key_value_heads=8, head_dim=128,
+                     intermediate_size=12288, vocab_size=151936, max_position_embeddings=40960,
+                     rope_theta=1000000.0, rms_norm_eps=1e-6, tie_word_embeddings=False, attention_bias=False),
+}
+
+CHATML_TEMPLATE = (
+    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + "
+    "'<|im_end|>' + '\\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+_DTYPES = {"bf16": ("BF16", 2), "fp16": ("F16", 2), "fp32": ("F32", 4)}
+_SHARD_BYTES = 5 * 1024 ** 3
+
+
+def tensor_shapes(cfg: dict) -> list[tuple[str, tuple[int, ...]]]:
+    h, v, inter = cfg["hidden_size"], cfg["vocab_size"], cfg["intermediate_size"]
+    heads, kv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
+    hd = cfg.get("head_dim") or h // heads
+    bias = cfg["model_type"] == "qwen2" or cfg.get("attention_bias", False)
+    shapes = [("model.embed_tokens.weight", (v, h))]
+    for i in range(cfg["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+        shapes += [(p + "input_layernorm.weight", (h,)),
+                   (p + "self_attn.q_proj.weight", (heads * hd, h)),
+                   (p + "self_attn.k_proj.weight", (kv * hd, h)),
+                   (p + "self_attn.v_proj.weight", (kv * hd, h)),
+                   (p + "self_attn.o_proj.weight", (h, heads * hd))]
+        if bias:
+            shapes += [(p + "self_attn.q_proj.bias", (heads * hd,)), (p + "self_attn.k_proj.bias", (kv * hd,)),
+                       (p + "self_attn.v_proj.bias", (kv * hd,))]
+        if cfg["model_type"] == "qwen3":
+            shapes += [(p + "self_attn.q_norm.weight", (hd,)), (p + "self_attn.k_norm.weight", (hd,))]
+        shapes += [(p + "post_attention_layernorm.weight", (h,)),
+                   (p + "mlp.gate_proj.weight", (inter, h)),
+                   (p + "mlp.up_proj.weight", (inter, h)),
+                   (p + "mlp.down_proj.weight", (h, inter))]
+    shapes.append(("model.norm.weight", (h,)))
+    if not cfg.get("tie_word_embeddings"):
+        shapes.append(("lm_head.weight", (v, h)))
+    return shapes
+
+
+def _random_tensor(torch, name: str, shape, seed: int, index: int, dtype, device):
+    gen = torch.Generator(device=device).manual_seed(seed * 1_000_003 + index)
+    x = torch.randn(shape, generator=gen, device=device, dtype=torch.float32)
+    if name.endswith("norm.weight"):
+        x = 1.0 + 0.1 * x
+    else:
+        x = 0.02 * x
+    return x.to(dtype)
+
+
+def write_checkpoint(shape: str, out: Path, seed: int = 0, dtype: str = "bf16", tokenizer: bool = False,
+                     overrides: dict | None = None, device: str | None = None) -> Path:
+    import torch
+
+    if shape not in SHAPES:
+        raise SystemExit(f"unknown shape {shape!r}; choose one of {', '.join(SHAPES)}")
+    cfg = dict(SHAPES[shape], **(overrides or {}))
+    cfg.update(torch_dtype={"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}[dtype],
+               bos_token_id=1, eos_token_id=2, hidden_act="silu")
+    st_dtype, itemsize = _DTYPES[dtype]
+    torch_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dtype]
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    out.mkdir(parents=True, exist_ok=True)
+    shapes = tensor_shapes(cfg)
+    # Split into shards of at most ~5 GB, as Hugging Face does.
+    shards, current, size = [], [], 0
+    for name, shp in shapes:
+        nbytes = math.prod(shp) * itemsize
+        if current and size + nbytes > _SHARD_BYTES:
+            shards.append(current)
+            current, size = [], 0
+        current.append((name, shp))
+        size += nbytes
+    shards.append(current)
+    names = [f"model.safetensors"] if len(shards) == 1 else [
+        f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))]
+    weight_map, index = {}, 0
+    for file_name, shard in zip(names, shards):
+        header, offset = {}, 0
+        for name, shp in shard:
+            nbytes = math.prod(shp) * itemsize
+            header[name] = {"dtype": st_dtype, "shape": list(shp), "data_offsets": [offset, offset + nbytes]}
+            offset += nbytes
+            weight_map[name] = file_name
+        raw = json.dumps(header, separators=(",", ":")).encode()
+        raw += b" " * (-len(raw) % 8)
+        with open(out / file_name, "wb") as f:
+            f.write(struct.pack("<Q", len(raw)))
+            f.write(raw)
+            for name, shp in shard:
+                t = _random_tensor(torch, name, shp, seed, index, torch_dtype, device)
+                index += 1
+                f.write(t.contiguous().cpu().view(torch.uint8).numpy().tobytes())
+    if len(shards) > 1:
+        total = sum(math.prod(s) * itemsize for _, s in shapes)
+        with open(out / "model.safetensors.index.json", "w") as f:
+            json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=1)
+    with open(out / "config.json", "w") as f:
+        json.dump(cfg, f, indent=2)
+    with open(out / "generation_config.json", "w") as f:
+        json.dump({"bos_token_id": 1, "eos_token_id": 2}, f, indent=2)
+    if tokenizer:
+        write_byte_tokenizer(out)
+    return out
+
+
+def write_byte_tokenizer(out: Path) -> None:
+    """A byte-level BPE tokenizer (256 byte tokens + a few merges + ChatML specials) and its config."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from tokenizers.pre_tokenizers import ByteLevel
+
+    alphabet = ByteLevel.alphabet()
+    vocab = {tok: i for i, tok in enumerate(SPECIAL_TOKENS)}
+    for ch in sorted(alphabet):
+        vocab[ch] = len(vocab)
+    merges = []
+    for a, b in [("t", "h"), ("th", "e"), ("Ġ", "t"), ("Ġt", "h"), ("Ġth", "e"), ("i", "n"), ("a", "n"), ("e", "r")]:
+        merges.append((a, b))
+        vocab.setdefault(a + b, len(vocab))
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=merges))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens(SPECIAL_TOKENS)
+    tok.save(str(out / "tokenizer.json"))
+    with open(out / "tokenizer_config.json", "w") as f:
+        json.dump({"bos_token": "<|im_start|>", "eos_token": "<|im_end|>", "pad_token": "<|endoftext|>",
+                   "chat_template": CHATML_TEMPLATE, "model_max_length": 1024,
+                   "tokenizer_class": "PreTrainedTokenizerFast"}, f, indent=2)
+    cfg = json.loads((out / "config.json").read_text())
+    cfg.update(bos_token_id=1, eos_token_id=2)
+    (out / "config.json").write_text(json.dumps(cfg, indent=2))
+    (out / "generation_config.json").write_text(json.dumps({"bos_token_id": 1, "eos_token_id": 2}))
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m engine.tools.synth", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--shape", required=True, choices=sorted(SHAPES))
+    parser.add_argument("--out", required=True, type=Path)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--dtype", default="bf16", choices=sorted(_DTYPES))
+    parser.add_argument("--tokenizer", action="store_true", help="also write a byte-level tokenizer and chat template")
+    parser.add_argument("--device", default=None, help="where to draw the weights (default: cuda if present)")
+    args = parser.parse_args(argv)
+    path = write_checkpoint(args.shape, args.out, args.seed, args.dtype, args.tokenizer, device=args.device)
+    print(path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
