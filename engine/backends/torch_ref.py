@@ -1,0 +1,247 @@
+"""The torch reference backend: the correctness oracle for cuda-native, and the CPU fallback.
+
+Clarity over speed. A straightforward Llama-family decoder (Llama 2/3/3.1 rope scaling, Mistral,
+SmolLM2, Qwen2 q/k/v bias, Qwen3 q/k RMSNorm, tied embeddings), computing in float32 (default) or
+bfloat16, with a contiguous KV cache per sequence that grows as needed.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Callable, Optional, Sequence
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from ..checkpoint import CheckpointInfo, DecoderConfig
+from ..errors import ContextOverflow, UnknownSession, UnsupportedArchitecture
+from ..plan import ExecutionPlan
+from ..progress import ByteCounter, LOADING_WEIGHTS, ProgressCallback
+from ..registry import RUNNABLE_ARCHETYPES
+from ..sampling import SamplerState, sample_token
+from ..weights import TensorReader, check_shapes
+from .base import ModelRunner, RunnerOptions
+
+_TORCH_DTYPES = {"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32}
+COMPUTE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def rope_inverse_frequencies(decoder: DecoderConfig) -> torch.Tensor:
+    """float64 inverse frequencies, with Llama-3 or linear scaling applied as Hugging Face does."""
+    hd = decoder.head_dim
+    inv = 1.0 / (decoder.rope_theta ** (torch.arange(0, hd, 2, dtype=torch.float64) / hd))
+    scaling = decoder.rope_scaling or {}
+    kind = scaling.get("rope_type")
+    if kind == "linear":
+        inv = inv / float(scaling["factor"])
+    elif kind == "llama3":
+        factor = float(scaling["factor"])
+        low, high = float(scaling["low_freq_factor"]), float(scaling["high_freq_factor"])
+        old = float(scaling["original_max_position_embeddings"])
+        wavelen = 2 * math.pi / inv
+        scaled = torch.where(wavelen > old / low, inv / factor, inv)
+        smooth = (old / wavelen - low) / (high - low)
+        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+        medium = (wavelen >= old / high) & (wavelen <= old / low)
+        inv = torch.where(medium, smoothed, scaled)
+    return inv
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    xf = x.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * xf.to(x.dtype)
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    a, b = x.chunk(2, dim=-1)
+    return torch.cat((-b, a), dim=-1)
+
+
+@dataclass
+class _Layer:
+    attn_norm: torch.Tensor
+    mlp_norm: torch.Tensor
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    o: torch.Tensor
+    gate: torch.Tensor
+    up: torch.Tensor
+    down: torch.Tensor
+    q_bias: Optional[torch.Tensor] = None
+    k_bias: Optional[torch.Tensor] = None
+    v_bias: Optional[torch.Tensor] = None
+    q_norm: Optional[torch.Tensor] = None
+    k_norm: Optional[torch.Tensor] = None
+
+
+@dataclass
+class _Sequence:
+    length: int = 0
+    keys: list = field(default_factory=list)     # per layer [kv_heads, capacity, head_dim]
+    values: list = field(default_factory=list)
+
+
+class TorchRunner(ModelRunner):
+    backend_name = "torch"
+
+    def __init__(self, info: CheckpointInfo, plan: ExecutionPlan, options: RunnerOptions,
+                 progress: Optional[ProgressCallback] = None, device: str = "cpu"):
+        if plan.archetype not in RUNNABLE_ARCHETYPES:
+            raise UnsupportedArchitecture(f"The torch backend does not run {plan.archetype} decoders yet.")
+        check_shapes(info.decoder, info.catalog)
+        self.decoder = info.decoder
+        self.options = options
+        self.device = torch.device(device)
+        self.dtype = COMPUTE_DTYPES[options.compute_dtype]
+        self.context_length = options.context_length
+        self._load(info, progress)
+        self.inv_freq = rope_inverse_frequencies(self.decoder)
+        self._sequences: dict[int, _Sequence] = {}
+        self._next_id = 1
+        self._logits: Optional[torch.Tensor] = None
+
+    # ----------------------------------------------------------------------------- loading
+    def _load(self, info: CheckpointInfo, progress: Optional[ProgressCallback]) -> None:
+        catalog = info.catalog
+        counter = ByteCounter(progress, LOADING_WEIGHTS, info.weight_bytes)
+        counter.start("reading weights")
+        self.weight_bytes = 0
+        with TensorReader(info) as reader:
+            def take(t):
+                raw = reader.raw(t)
+                value = torch.frombuffer(bytearray(raw), dtype=_TORCH_DTYPES[t.dtype]).reshape(t.shape)
+                value = value.to(device=self.device, dtype=self.dtype)
+                self.weight_bytes += value.numel() * value.element_size()
+                counter.advance(t.bytes, t.name)
+                return value
+
+            self.embed = take(catalog.globals["embed"])
+            self.layers = []
+            for entry in catalog.layers:
+                tensors = {role: take(t) for role, t in entry.roles.items() if role in _Layer.__dataclass_fields__}
+                self.layers.append(_Layer(**tensors))
+            self.final_norm = take(catalog.globals["final_norm"])
+            self.lm_head = take(catalog.globals["lm_head"]) if "lm_head" in catalog.globals else self.embed
+
+    # ----------------------------------------------------------------------------- sequences
+    def allocate_sequence(self) -> int:
+        seq_id = self._next_id
+        self._next_id += 1
+        seq = _Sequence()
+        d = self.decoder
+        for _ in range(d.num_layers):
+            seq.keys.append(torch.empty(d.num_kv_heads, 0, d.head_dim, device=self.device, dtype=self.dtype))
+            seq.values.append(torch.empty(d.num_kv_heads, 0, d.head_dim, device=self.device, dtype=self.dtype))
+        self._sequences[seq_id] = seq
+        return seq_id
+
+    def _seq(self, seq_id: int) -> _Sequence:
+        try:
+            return self._sequences[seq_id]
+        except KeyError:
+            raise UnknownSession(f"Sequence {seq_id} does not exist (released or never created).") from None
+
+    def release_sequence(self, seq: int) -> None:
+        self._sequences.pop(seq, None)
+
+    def length(self, seq: int) -> int:
+        return self._seq(seq).length
+
+    def truncate(self, seq: int, length: int) -> None:
+        s = self._seq(seq)
+        s.length = max(0, min(length, s.length))
+
+    # ----------------------------------------------------------------------------- forward
+    def _reserve(self, s: _Sequence, needed: int) -> None:
+        if needed > self.context_length:
+            raise ContextOverflow(f"The conversation needs {needed:,} tokens; this model was loaded with a "
+                                  f"context of {self.context_length:,}.")
+        capacity = s.keys[0].shape[1]
+        if needed <= capacity:
+            return
+        new_cap = min(self.context_length, max(needed, 2 * capacity, 64))
+        for i in range(len(s.keys)):
+            for cache in (s.keys, s.values):
+                grown = torch.empty(cache[i].shape[0], new_cap, cache[i].shape[2], device=self.device, dtype=self.dtype)
+                grown[:, :s.length] = cache[i][:, :s.length]
+                cache[i] = grown
+
+    @torch.inference_mode()
+    def _forward(self, s: _Sequence, token_ids: Sequence[int], all_logits: bool) -> torch.Tensor:
+        d = self.decoder
+        n = len(token_ids)
+        start = s.length
+        self._reserve(s, start + n)
+        ids = torch.tensor(list(token_ids), dtype=torch.long, device=self.device)
+        x = self.embed[ids]                                                  # [n, hidden]
+        positions = torch.arange(start, start + n, dtype=torch.float64)
+        freqs = torch.outer(positions, self.inv_freq)
+        emb = torch.cat((freqs, freqs), dim=-1)
+        cos = emb.cos().to(self.device, self.dtype)[None]                    # [1, n, hd]
+        sin = emb.sin().to(self.device, self.dtype)[None]
+        total = start + n
+        mask = torch.ones(n, total, dtype=torch.bool, device=self.device).tril(diagonal=start)
+        group = d.num_heads // d.num_kv_heads
+        for i, w in enumerate(self.layers):
+            h = rms_norm(x, w.attn_norm, d.rms_norm_eps)
+            q = F.linear(h, w.q, w.q_bias).view(n, d.num_heads, d.head_dim).transpose(0, 1)
+            k = F.linear(h, w.k, w.k_bias).view(n, d.num_kv_heads, d.head_dim).transpose(0, 1)
+            v = F.linear(h, w.v, w.v_bias).view(n, d.num_kv_heads, d.head_dim).transpose(0, 1)
+            if w.q_norm is not None:
+                q = rms_norm(q, w.q_norm, d.rms_norm_eps)
+                k = rms_norm(k, w.k_norm, d.rms_norm_eps)
+            q = q * cos + rotate_half(q) * sin
+            k = k * cos + rotate_half(k) * sin
+            s.keys[i][:, start:total] = k
+            s.values[i][:, start:total] = v
+            keys = s.keys[i][:, :total].repeat_interleave(group, dim=0)
+            values = s.values[i][:, :total].repeat_interleave(group, dim=0)
+            attn = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
+            x = x + F.linear(attn.transpose(0, 1).reshape(n, d.q_size), w.o)
+            h = rms_norm(x, w.mlp_norm, d.rms_norm_eps)
+            x = x + F.linear(F.silu(F.linear(h, w.gate)) * F.linear(h, w.up), w.down)
+        s.length = total
+        x = x if all_logits else x[-1:]
+        return F.linear(rms_norm(x, self.final_norm, d.rms_norm_eps), self.lm_head).float()
+
+    def prefill(self, seq: int, token_ids: Sequence[int]) -> None:
+        if not token_ids:
+            raise ValueError("prefill needs at least one token")
+        self._logits = self._forward(self._seq(seq), token_ids, all_logits=False)
+
+    def decode(self, seqs: Sequence[int], token_ids: Sequence[int]) -> None:
+        rows = [self._forward(self._seq(s), [t], all_logits=False) for s, t in zip(seqs, token_ids)]
+        self._logits = torch.cat(rows, dim=0)
+
+    def sample(self, states: Sequence[SamplerState]) -> list[int]:
+        return [sample_token(self._logits[i], st) for i, st in enumerate(states)]
+
+    def last_logits(self) -> np.ndarray:
+        return self._logits.cpu().numpy()
+
+    def score(self, token_ids: Sequence[int]) -> np.ndarray:
+        seq = self.allocate_sequence()
+        try:
+            return self._forward(self._seq(seq), token_ids, all_logits=True).cpu().numpy()
+        finally:
+            self.release_sequence(seq)
+
+    def memory(self) -> dict:
+        d = self.decoder
+        kv = sum(s.keys[0].shape[1] for s in self._sequences.values()) * d.num_layers * 2 * d.kv_size
+        return {"weight_bytes": self.weight_bytes, "kv_bytes": kv * self.layers[0].q.element_size(),
+                "sequences": len(self._sequences)}
+
+    def close(self) -> None:
+        self._sequences.clear()
+        self.layers = []
+        self.embed = self.lm_head = None
+        self._logits = None
+
+
+def load_runner(info: CheckpointInfo, plan: ExecutionPlan, options: RunnerOptions,
+                progress: Optional[ProgressCallback] = None, device: Optional[str] = None) -> TorchRunner:
+    return TorchRunner(info, plan, options, progress, device or "cpu")
