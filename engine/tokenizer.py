@@ -1,0 +1,116 @@
+"""Tokenizer (Hugging Face `tokenizers`) and streaming detokenization.
+
+The stream decoder emits only complete UTF-8: an emoji or CJK character split across tokens comes
+out whole, once its last byte arrives.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional, Sequence
+
+from .errors import CorruptCheckpoint, TokenizerMissing
+
+
+def _token_text(value) -> Optional[str]:
+    if isinstance(value, dict):
+        return value.get("content")
+    return value if isinstance(value, str) else None
+
+
+@dataclass
+class Tokenizer:
+    inner: object                       # tokenizers.Tokenizer
+    bos_token: Optional[str]
+    eos_token: Optional[str]
+    eos_ids: frozenset
+    chat_template: Optional[str]
+    add_bos: bool
+
+    @classmethod
+    def from_folder(cls, folder: Path, config: dict | None = None) -> "Tokenizer":
+        from tokenizers import Tokenizer as HFTokenizer
+
+        folder = Path(folder)
+        path = folder / "tokenizer.json"
+        if not path.exists():
+            raise TokenizerMissing(
+                f"{folder.name} has no tokenizer.json, so Hearth cannot turn text into tokens. "
+                "Scoring token ids still works; chat needs the tokenizer files from the model's source.")
+        try:
+            inner = HFTokenizer.from_file(str(path))
+        except Exception as exc:  # the library raises a bare Exception on malformed files
+            raise CorruptCheckpoint(f"tokenizer.json could not be read: {exc}") from None
+        settings = {}
+        if (folder / "tokenizer_config.json").exists():
+            try:
+                settings = json.loads((folder / "tokenizer_config.json").read_text(encoding="utf-8"))
+            except ValueError as exc:
+                raise CorruptCheckpoint(f"tokenizer_config.json is not valid JSON: {exc}") from None
+        template = settings.get("chat_template")
+        if isinstance(template, list):  # named templates: take the default one
+            template = next((t.get("template") for t in template if t.get("name") == "default"), None)
+        if (folder / "chat_template.jinja").exists():
+            template = (folder / "chat_template.jinja").read_text(encoding="utf-8")
+        bos = _token_text(settings.get("bos_token"))
+        eos = _token_text(settings.get("eos_token"))
+        eos_ids = set()
+        for source in (config or {}, _read_json(folder / "generation_config.json")):
+            value = source.get("eos_token_id")
+            for e in (value if isinstance(value, list) else [value]):
+                if isinstance(e, int):
+                    eos_ids.add(e)
+        if eos is not None and inner.token_to_id(eos) is not None:
+            eos_ids.add(inner.token_to_id(eos))
+        add_bos = bool(settings.get("add_bos_token", False))
+        return cls(inner, bos, eos, frozenset(eos_ids), template, add_bos)
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of text, with special tokens in the text recognised and nothing added."""
+        return self.inner.encode(text, add_special_tokens=False).ids
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        return self.inner.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+    @property
+    def vocab_size(self) -> int:
+        return self.inner.get_vocab_size()
+
+    def stream(self) -> "StreamDecoder":
+        return StreamDecoder(self)
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text(encoding="utf-8")) if path.exists() else {}
+    except ValueError:
+        return {}
+
+
+class StreamDecoder:
+    """Turns token ids into text deltas, decoding only a short window each time."""
+
+    def __init__(self, tokenizer: Tokenizer):
+        self.tokenizer = tokenizer
+        self.ids: list[int] = []
+        self.prefix_offset = 0
+        self.read_offset = 0
+
+    def push(self, token_id: int) -> str:
+        self.ids.append(token_id)
+        decode = self.tokenizer.decode
+        prefix = decode(self.ids[self.prefix_offset:self.read_offset])
+        text = decode(self.ids[self.prefix_offset:])
+        if len(text) > len(prefix) and not text.endswith("\ufffd"):
+            self.prefix_offset = self.read_offset
+            self.read_offset = len(self.ids)
+            return text[len(prefix):]
+        return ""
+
+    def flush(self) -> str:
+        """What is left at the end (an incomplete character shows as U+FFFD, as the full decode would)."""
+        prefix = self.tokenizer.decode(self.ids[self.prefix_offset:self.read_offset])
+        text = self.tokenizer.decode(self.ids[self.prefix_offset:])
+        self.prefix_offset = self.read_offset = len(self.ids)
+        return text[len(prefix):] if text.startswith(prefix) else ""
