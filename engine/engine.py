@@ -1,0 +1,539 @@
+"""The engine facade: the one API the CLI, the app and the tests call.
+
+    eng = Engine(backend="auto")
+    handle = eng.load_model("smollm2-135m-instruct", progress=print)
+    sid = eng.create_session(handle.id, system_prompt="Be brief.")
+    for event in eng.chat(sid, "Hello!", SamplingParams(temperature=0)):
+        ...
+
+A session keeps its KV cache between turns: each turn's tokens are compared with what the cache
+already holds, and only the part after the common prefix is prefilled. Regenerating or editing a
+message (`set_history` + `respond`) therefore reuses everything before the change.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+import uuid
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Iterator, Optional, Sequence, Union
+
+import numpy as np
+
+from . import progress as stages
+from .backends.base import ModelRunner, RunnerOptions
+from .chat_template import ChatTemplate
+from .checkpoint import CheckpointInfo, inspect as inspect_checkpoint
+from .errors import (BackendUnavailable, Cancelled, ChatTemplateError, ContextOverflow, EngineOutOfMemory,
+                     HearthError, TokenizerMissing, UnknownModel, UnknownSession, UnsupportedArchitecture)
+from .plan import MemoryPlan, check_dtypes_loadable
+from .progress import ProgressCallback, ProgressEvent
+from .sampling import SamplerState, SamplingParams
+from .tokenizer import Tokenizer
+
+log = logging.getLogger("hearth.engine")
+
+BACKENDS = ("auto", "torch", "cuda-native")
+DEFAULT_CONTEXT = 8192
+
+
+@dataclass(frozen=True)
+class ModelHandle:
+    id: str
+    backend: str
+
+
+@dataclass(frozen=True)
+class GenerationStats:
+    prompt_tokens: int          # tokens of the whole conversation before the reply
+    prefilled_tokens: int       # of those, how many had to be computed (the rest came from the KV cache)
+    generated_tokens: int
+    ttft_s: float               # time to first token
+    tokens_per_s: float         # decode speed after the first token
+    stop_reason: str            # eos | stop | max-tokens | cancelled | context-full
+    context_used: int
+    context_limit: int
+    seed: int
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class TextDelta:
+    text: str
+    token_id: int
+
+
+@dataclass(frozen=True)
+class Finished:
+    stats: GenerationStats
+    text: str
+
+
+ChatEvent = Union[TextDelta, Finished]
+
+
+@dataclass
+class _Session:
+    id: str
+    model_id: str
+    messages: list
+    seq: int
+    tokens: list = field(default_factory=list)      # exactly the tokens held in the KV cache
+    cancel: threading.Event = field(default_factory=threading.Event)
+
+
+@dataclass
+class _LoadedModel:
+    id: str
+    info: CheckpointInfo
+    runner: ModelRunner
+    backend: str
+    context_length: int
+    tokenizer: Optional[Tokenizer]
+    tokenizer_error: str
+    template: Optional[ChatTemplate]
+    template_error: str
+    lock: threading.RLock = field(default_factory=threading.RLock)
+    sessions: set = field(default_factory=set)
+
+
+def _available_memory() -> tuple[int, int]:
+    """(available, total) bytes of system RAM."""
+    try:
+        with open("/proc/meminfo") as f:
+            values = {line.split(":")[0]: int(line.split()[1]) * 1024 for line in f}
+        return values.get("MemAvailable", values.get("MemFree", 0)), values.get("MemTotal", 0)
+    except OSError:
+        import psutil
+
+        vm = psutil.virtual_memory()
+        return vm.available, vm.total
+
+
+class Engine:
+    def __init__(self, backend: str = "auto", device: Optional[str] = None, home: Optional[os.PathLike] = None,
+                 context_length: Optional[int] = None, compute_dtype: str = "float32", max_batch: int = 8):
+        if backend not in BACKENDS:
+            raise BackendUnavailable(f"Unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}.")
+        self.requested_backend = backend
+        self.backend, self.backend_note = self._choose_backend(backend)
+        self.device = device
+        self.home = Path(home) if home else None
+        self.context_length = context_length
+        self.compute_dtype = compute_dtype
+        self.max_batch = max_batch
+        self._models: dict[str, _LoadedModel] = {}
+        self._sessions: dict[str, _Session] = {}
+        self._lock = threading.RLock()
+        self._library = None
+
+    # ----------------------------------------------------------------------------- backends
+    @staticmethod
+    def _choose_backend(requested: str) -> tuple[str, str]:
+        if requested == "torch":
+            return "torch", ""
+        try:
+            from .backends import cuda_native
+
+            ok, reason = cuda_native.available()
+        except ImportError as exc:
+            ok, reason = False, f"the cuda-native backend is not built ({exc})"
+        if ok:
+            return "cuda-native", ""
+        if requested == "cuda-native":
+            raise BackendUnavailable(f"The cuda-native backend cannot run here: {reason}.")
+        note = f"{reason}: using the torch backend"
+        log.info(note)
+        return "torch", note
+
+    # ----------------------------------------------------------------------------- library
+    @property
+    def library(self):
+        if self._library is None:
+            from .library import ModelLibrary
+
+            self._library = ModelLibrary(self.home)
+        return self._library
+
+    def install_default_model(self, progress: Optional[ProgressCallback] = None):
+        from .default_model import install_default_model
+
+        return install_default_model(self.library, progress=progress)
+
+    def _resolve(self, path_or_id) -> tuple[Path, str]:
+        """A checkpoint path and the model id it is known by."""
+        candidate = Path(str(path_or_id)).expanduser()
+        if candidate.exists():
+            for manifest in self.library.list():
+                if Path(manifest.path).resolve() == candidate.resolve():
+                    return candidate, manifest.id
+            return candidate, candidate.stem if candidate.is_file() else candidate.name
+        if isinstance(path_or_id, str) and os.sep not in path_or_id:
+            try:
+                manifest = self.library.get(path_or_id)
+            except UnknownModel:
+                raise
+            return Path(manifest.path), manifest.id
+        return candidate, candidate.name  # inspect() reports the missing path
+
+    # ----------------------------------------------------------------------------- inspection
+    def inspect(self, path_or_id) -> CheckpointInfo:
+        path, _ = self._resolve(path_or_id)
+        return inspect_checkpoint(path)
+
+    def _weight_bytes_resident(self, info: CheckpointInfo, backend: str) -> int:
+        numel = sum(t.numel for t in info.tensors)
+        per = 4 if backend == "torch" and self.compute_dtype == "float32" else 2
+        return numel * per
+
+    def memory_plan(self, path_or_id, context_length: Optional[int] = None) -> MemoryPlan:
+        info = self.inspect(path_or_id)
+        return MemoryPlan.for_model(info.decoder, self._weight_bytes_resident(info, self.backend),
+                                    self._context_for(info, context_length), max_batch=self.max_batch)
+
+    def free_memory(self) -> tuple[int, int, str]:
+        """(free bytes, total bytes, "GPU" or "RAM") where the current backend keeps its weights."""
+        if self.backend == "cuda-native":
+            from .backends import cuda_native
+
+            free, total = cuda_native.device_memory()
+            return free, total, "GPU"
+        if self.device and self.device.startswith("cuda"):
+            import torch
+
+            free, total = torch.cuda.mem_get_info()
+            return free, total, "GPU"
+        free, total = _available_memory()
+        return free, total, "RAM"
+
+    def _context_for(self, info: CheckpointInfo, requested: Optional[int]) -> int:
+        limit = info.decoder.max_position_embeddings
+        return max(16, min(limit, int(requested or self.context_length or DEFAULT_CONTEXT)))
+
+    # ----------------------------------------------------------------------------- loading
+    def load_model(self, path_or_id, progress: Optional[ProgressCallback] = None,
+                   cancel: Optional[threading.Event] = None, context_length: Optional[int] = None) -> ModelHandle:
+        report = progress or stages.no_progress
+
+        def emit(event: ProgressEvent) -> None:
+            if cancel is not None and cancel.is_set():
+                raise Cancelled("Loading was cancelled.")
+            report(event)
+
+        path, model_id = self._resolve(path_or_id)
+        emit(ProgressEvent(stages.INSPECTING, 0, 0, str(path)))
+        info = inspect_checkpoint(path)
+        if info.format == "gguf":
+            raise UnsupportedArchitecture(
+                f"{path.name} is a GGUF file: import it into the model library first "
+                "(hearth models import PATH), which converts it for the engine.")
+        if info.plan is None:
+            raise UnsupportedArchitecture(info.plan_error)
+        check_dtypes_loadable(info)
+        if model_id in self._models:
+            return ModelHandle(model_id, self._models[model_id].backend)
+        context = self._context_for(info, context_length)
+        plan = MemoryPlan.for_model(info.decoder, self._weight_bytes_resident(info, self.backend), context,
+                                    max_batch=self.max_batch)
+        free, _, where = self.free_memory()
+        fit = plan.fits(free, where)
+        if not fit.ok:
+            raise EngineOutOfMemory(fit.message, plan.total_bytes, free)
+        total = info.weight_bytes
+        emit(ProgressEvent(stages.INSPECTING, 0, total, f"{len(info.tensors)} tensors, {info.plan.family}"))
+        options = RunnerOptions(context_length=context, max_batch=self.max_batch, compute_dtype=self.compute_dtype)
+        runner = self._load_runner(info, options, emit)
+        try:
+            emit(ProgressEvent(stages.PREPARING_RUNNER, total, total, "tokenizer and chat template"))
+            tokenizer, tokenizer_error = None, ""
+            template, template_error = None, ""
+            try:
+                tokenizer = Tokenizer.from_folder(info.path, info.config)
+                template = ChatTemplate(tokenizer.chat_template, tokenizer.bos_token, tokenizer.eos_token)
+            except TokenizerMissing as exc:
+                tokenizer_error = exc.message
+            except ChatTemplateError as exc:
+                template_error = exc.message
+            emit(ProgressEvent(stages.WARMING_UP, total, total, "first forward pass"))
+            seq = runner.allocate_sequence()
+            try:
+                runner.prefill(seq, [info.decoder.bos_token_id or 0])
+                runner.sample([SamplerState.start(SamplingParams(temperature=0))])
+            finally:
+                runner.release_sequence(seq)
+        except BaseException:
+            runner.close()
+            raise
+        with self._lock:
+            self._models[model_id] = _LoadedModel(model_id, info, runner, runner.backend_name, context, tokenizer,
+                                                  tokenizer_error, template, template_error)
+        report(ProgressEvent(stages.RESIDENT, total, total, f"resident on {runner.backend_name}"))
+        return ModelHandle(model_id, runner.backend_name)
+
+    def _load_runner(self, info: CheckpointInfo, options: RunnerOptions, emit) -> ModelRunner:
+        if self.backend == "cuda-native":
+            from .backends import cuda_native
+
+            return cuda_native.load_runner(info, info.plan, options, emit)
+        from .backends import torch_ref
+
+        return torch_ref.load_runner(info, info.plan, options, emit, device=self.device)
+
+    def unload(self, model_id: str) -> None:
+        with self._lock:
+            loaded = self._model(model_id)
+            for sid in list(loaded.sessions):
+                self._sessions.pop(sid, None)
+            del self._models[model_id]
+        with loaded.lock:
+            loaded.runner.close()
+
+    def loaded_models(self) -> list[ModelHandle]:
+        return [ModelHandle(m.id, m.backend) for m in self._models.values()]
+
+    def model_info(self, model_id: str) -> CheckpointInfo:
+        return self._model(model_id).info
+
+    def context_limit(self, model_id: str) -> int:
+        return self._model(model_id).context_length
+
+    def _model(self, model_id: str) -> _LoadedModel:
+        try:
+            return self._models[model_id]
+        except KeyError:
+            loaded = ", ".join(self._models) or "none"
+            raise UnknownModel(f"The model {model_id!r} is not loaded (loaded: {loaded}).") from None
+
+    def runner(self, model_id: str) -> ModelRunner:
+        """The backend runner of a loaded model (tests and benchmarks)."""
+        return self._model(model_id).runner
+
+    # ----------------------------------------------------------------------------- scoring
+    def score(self, model_id: str, token_ids: Sequence[int]) -> np.ndarray:
+        loaded = self._model(model_id)
+        if len(token_ids) > loaded.context_length:
+            raise ContextOverflow(f"{len(token_ids):,} tokens exceed the loaded context of {loaded.context_length:,}.")
+        with loaded.lock:
+            return loaded.runner.score(list(token_ids))
+
+    def tokenizer(self, model_id: str) -> Tokenizer:
+        loaded = self._model(model_id)
+        if loaded.tokenizer is None:
+            raise TokenizerMissing(loaded.tokenizer_error)
+        return loaded.tokenizer
+
+    # ----------------------------------------------------------------------------- sessions
+    def create_session(self, model_id: str, system_prompt: Optional[str] = None,
+                       history: Optional[list] = None) -> str:
+        loaded = self._model(model_id)
+        messages = [{"role": "system", "content": system_prompt}] if system_prompt else []
+        messages += [dict(m) for m in (history or [])]
+        with loaded.lock:
+            seq = loaded.runner.allocate_sequence()
+        session = _Session(str(uuid.uuid4()), model_id, messages, seq)
+        with self._lock:
+            self._sessions[session.id] = session
+            loaded.sessions.add(session.id)
+        return session.id
+
+    def _session(self, session_id: str) -> _Session:
+        try:
+            return self._sessions[session_id]
+        except KeyError:
+            raise UnknownSession(f"There is no chat session {session_id!r}; it was released or never created.") from None
+
+    def release_session(self, session_id: str) -> None:
+        with self._lock:
+            session = self._session(session_id)
+            del self._sessions[session_id]
+            loaded = self._models.get(session.model_id)
+        if loaded is not None:
+            loaded.sessions.discard(session_id)
+            with loaded.lock:
+                loaded.runner.release_sequence(session.seq)
+
+    def clear_sessions(self, model_id: str) -> None:
+        for sid in list(self._model(model_id).sessions):
+            self.release_session(sid)
+
+    def sessions(self, model_id: Optional[str] = None) -> list[str]:
+        return [s.id for s in self._sessions.values() if model_id in (None, s.model_id)]
+
+    def history(self, session_id: str) -> list[dict]:
+        return [dict(m) for m in self._session(session_id).messages]
+
+    def set_history(self, session_id: str, messages: list) -> None:
+        """Replace the conversation; the cached prefix it shares with the old one is kept."""
+        self._session(session_id).messages = [dict(m) for m in messages]
+
+    def cancel(self, session_id: str) -> None:
+        """Ask a running reply to stop; it ends within one decode step (thread-safe)."""
+        self._session(session_id).cancel.set()
+
+    def session_tokens(self, session_id: str) -> list[int]:
+        """The tokens held in the session's KV cache (tests)."""
+        return list(self._session(session_id).tokens)
+
+    # ----------------------------------------------------------------------------- conversation tokens
+    def conversation_tokens(self, model_id: str, messages: list, add_generation_prompt: bool = True) -> list[int]:
+        """The canonical token sequence of a conversation.
+
+        Each message (and, before an assistant message, the generation prompt) is tokenized on its
+        own, exactly as a live session builds it turn by turn, so a cached conversation and a fresh
+        one given the same history hold the same tokens.
+        """
+        loaded = self._model(model_id)
+        tokenizer = self.tokenizer(model_id)
+        if loaded.template is None:
+            raise ChatTemplateError(loaded.template_error or "This model has no chat template.")
+        render = loaded.template.render
+
+        def safe_render(msgs, gen):
+            if not msgs:
+                return ""
+            return render(msgs, add_generation_prompt=gen)
+
+        final = render(messages, add_generation_prompt=add_generation_prompt)
+        cuts = []
+        for k in range(1, len(messages) + 1):
+            if messages[k - 1]["role"] == "assistant":
+                cuts.append(safe_render(messages[:k - 1], True))
+            cuts.append(safe_render(messages[:k], False))
+        pieces, previous = [], ""
+        for cut in cuts + [final]:
+            if not cut.startswith(previous):   # the template is not prefix-stable: one piece
+                pieces = [final]
+                break
+            pieces.append(cut[len(previous):])
+            previous = cut
+        tokens = []
+        if tokenizer.add_bos and tokenizer.bos_token and not final.startswith(tokenizer.bos_token):
+            tokens.append(tokenizer.inner.token_to_id(tokenizer.bos_token))
+        for piece in pieces:
+            if piece:
+                tokens.extend(tokenizer.encode(piece))
+        return tokens
+
+    # ----------------------------------------------------------------------------- generation
+    def chat(self, session_id: str, user_text: str, params: SamplingParams = SamplingParams()) -> Iterator[ChatEvent]:
+        session = self._session(session_id)
+        session.messages.append({"role": "user", "content": user_text})
+        return self.respond(session_id, params)
+
+    def respond(self, session_id: str, params: SamplingParams = SamplingParams()) -> Iterator[ChatEvent]:
+        """Stream a reply to the session's current history; the reply is appended when it ends."""
+        session = self._session(session_id)
+        if not session.messages or session.messages[-1]["role"] != "user":
+            raise ChatTemplateError("The conversation must end with a user message before a reply.")
+        tokens = self.conversation_tokens(session.model_id, session.messages)
+        session.cancel.clear()
+        return self._stream(session, tokens, params, record=True)
+
+    def generate(self, model_id: str, prompt: str, params: SamplingParams = SamplingParams(),
+                 chat: bool = False) -> Iterator[ChatEvent]:
+        """Raw text continuation (or, with chat=True, one user turn) in a throwaway session."""
+        tokenizer = self.tokenizer(model_id)
+        sid = self.create_session(model_id)
+        session = self._session(sid)
+        if chat:
+            session.messages.append({"role": "user", "content": prompt})
+            tokens = self.conversation_tokens(model_id, session.messages)
+        else:
+            tokens = tokenizer.encode(prompt)
+            bos = tokenizer.inner.token_to_id(tokenizer.bos_token) if tokenizer.bos_token else None
+            if tokenizer.add_bos and bos is not None:
+                tokens = [bos] + tokens
+        if not tokens:
+            raise ChatTemplateError("The prompt is empty.")
+
+        def run():
+            try:
+                yield from self._stream(session, tokens, params, record=False)
+            finally:
+                self.release_session(sid)
+
+        return run()
+
+    def _stream(self, session: _Session, tokens: list, params: SamplingParams, record: bool) -> Iterator[ChatEvent]:
+        loaded = self._model(session.model_id)
+        limit = loaded.context_length
+        if len(tokens) >= limit:
+            raise ContextOverflow(f"The conversation is {len(tokens):,} tokens, and this model was loaded with a "
+                                  f"context of {limit:,}. Start a new chat or load it with a longer context.")
+        tokenizer = loaded.tokenizer
+        runner = loaded.runner
+        with loaded.lock:
+            common = 0
+            for a, b in zip(session.tokens, tokens):
+                if a != b:
+                    break
+                common += 1
+            common = min(common, len(tokens) - 1)   # at least one token is fed to get logits
+            started = time.perf_counter()
+            runner.truncate(session.seq, common)
+            session.tokens = session.tokens[:common]
+            runner.prefill(session.seq, tokens[common:])
+            session.tokens = list(tokens)
+            state = SamplerState.start(params, history=tokens)
+            stream = tokenizer.stream()
+            text, held = "", ""
+            hold = max((len(s) for s in params.stop), default=1) - 1
+            generated, first_at, stop_reason = 0, None, "max-tokens"
+            while True:
+                if session.cancel.is_set():
+                    stop_reason = "cancelled"
+                    break
+                token = runner.sample([state])[0]
+                if first_at is None:
+                    first_at = time.perf_counter()
+                if token in tokenizer.eos_ids:
+                    stop_reason = "eos"
+                    break
+                state.advance(token)
+                generated += 1
+                held += stream.push(token)
+                stop_at = self._find_stop(text + held, params.stop)
+                if stop_at is not None:
+                    held = (text + held)[len(text):stop_at] if stop_at > len(text) else ""
+                    if held:
+                        text += held
+                        yield TextDelta(held, token)
+                    stop_reason = "stop"
+                    break
+                if len(held) > hold:
+                    out, held = (held[:len(held) - hold], held[len(held) - hold:]) if hold else (held, "")
+                    text += out
+                    yield TextDelta(out, token)
+                if generated >= params.max_tokens:
+                    break
+                if len(session.tokens) + 1 >= limit:
+                    stop_reason = "context-full"
+                    break
+                runner.decode([session.seq], [token])
+                session.tokens.append(token)
+            if stop_reason != "stop":
+                tail = held + stream.flush()
+                if tail:
+                    text += tail
+                    yield TextDelta(tail, -1)
+            ended = time.perf_counter()
+        if record:
+            session.messages.append({"role": "assistant", "content": text})
+        first_at = first_at or ended
+        decode_time = ended - first_at
+        stats = GenerationStats(
+            prompt_tokens=len(tokens), prefilled_tokens=len(tokens) - common, generated_tokens=generated,
+            ttft_s=first_at - started,
+            tokens_per_s=(generated - 1) / decode_time if generated > 1 and decode_time > 0 else 0.0,
+            stop_reason=stop_reason, context_used=len(session.tokens), context_limit=limit, seed=state.seed)
+        yield Finished(stats, text)
+
+    @staticmethod
+    def _find_stop(text: str, stops: Sequence[str]) -> Optional[int]:
+        found = [text.find(s) for s in stops if s and s in text]
+        return min(found) if found else None
