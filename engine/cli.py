@@ -1,0 +1,246 @@
+"""`hearth`: the command line.
+
+    hearth                         open the desktop app
+    hearth inspect PATH [--json]
+    hearth models list [--json] | import PATH | remove ID | default
+    hearth generate MODEL --prompt TEXT [--chat] [--max-tokens N] [--temperature T] [--seed S] [--backend B] [--json]
+    hearth chat MODEL
+    hearth bench ...               (see `python -m engine.bench --help`)
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Optional
+
+from .errors import HearthError
+from .progress import ProgressEvent
+
+
+def _size(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+class ProgressBar:
+    """A one-line progress bar on stderr, redrawn as bytes arrive."""
+
+    def __init__(self, stream=sys.stderr, width: int = 30):
+        self.stream, self.width, self.last = stream, width, None
+
+    def __call__(self, event: ProgressEvent) -> None:
+        if not self.stream.isatty() and event.stage == self.last and event.fraction < 1.0:
+            return
+        self.last = event.stage
+        filled = int(self.width * event.fraction)
+        bar = "#" * filled + "-" * (self.width - filled)
+        amount = f"{_size(event.current_bytes)}/{_size(event.total_bytes)}" if event.total_bytes else ""
+        end = "\r" if self.stream.isatty() else "\n"
+        self.stream.write(f"{event.stage:<17} [{bar}] {amount:>22}{end}")
+        self.stream.flush()
+
+    def done(self) -> None:
+        if self.stream.isatty():
+            self.stream.write("\n")
+
+
+def _engine(args):
+    from .engine import Engine
+
+    return Engine(backend=getattr(args, "backend", "auto") or "auto")
+
+
+def cmd_inspect(args) -> int:
+    from .checkpoint import inspect
+
+    info = inspect(args.path)
+    if args.json:
+        print(json.dumps(info.to_dict(), indent=1))
+        return 0
+    m, d = info.metadata, info.decoder
+    print(f"{info.path}  ({info.format}, {_size(info.total_bytes)} in {len(info.files)} files)")
+    print(f"  architecture     {m.architecture} ({m.model_type})")
+    print(f"  parameters       {m.parameter_count:,}")
+    print(f"  quantization     {m.quantization}   dtypes {m.dtypes}")
+    print(f"  layers           {d.num_layers}   hidden {d.hidden_size}   heads {d.num_heads}   kv heads {d.num_kv_heads}"
+          f"   head dim {d.head_dim}")
+    print(f"  intermediate     {d.intermediate_size}   vocab {d.vocab_size}   context {m.context_length:,}")
+    print(f"  rope             theta {d.rope_theta:g}   scaling {d.rope_scaling or 'none'}   norm eps {d.rms_norm_eps:g}")
+    print(f"  tied embeddings  {m.tied_embeddings}   tokenizer {m.has_tokenizer}   chat template {m.has_chat_template}")
+    print(f"  KV per token     {_size(d.kv_bytes_per_token(2))} (bf16)")
+    if info.plan is not None:
+        p = info.plan
+        print(f"  plan             {p.family}: {p.archetype}, {p.attention}, {p.projection_format} projections")
+    else:
+        print(f"  plan             unsupported: {info.plan_error}")
+    print(f"  tensors          {len(info.tensors)}")
+    return 0
+
+
+def cmd_models(args) -> int:
+    eng = _engine(args)
+    lib = eng.library
+    if args.action == "list":
+        models = lib.list()
+        if args.json:
+            print(json.dumps([m.to_dict() for m in models], indent=1))
+        elif not models:
+            print("No models yet. `hearth models default` installs SmolLM2-135M-Instruct.")
+        for m in models if not args.json else []:
+            print(f"{m.id:<32} {m.architecture:<20} {m.quantization:<8} {_size(m.bytes):>10}  {m.path}")
+    elif args.action == "import":
+        if not args.path:
+            raise SystemExit("hearth models import PATH")
+        bar = ProgressBar()
+        manifest = lib.import_path(args.path, progress=bar)
+        bar.done()
+        print(f"imported {manifest.id} -> {manifest.path}")
+    elif args.action == "remove":
+        lib.remove(args.path)
+        print(f"removed {args.path}")
+    elif args.action == "default":
+        bar = ProgressBar()
+        manifest = eng.install_default_model(progress=bar)
+        bar.done()
+        print(manifest.path)
+    return 0
+
+
+def _params(args):
+    from .sampling import SamplingParams
+
+    return SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
+                          repetition_penalty=args.repetition_penalty, seed=args.seed, max_tokens=args.max_tokens)
+
+
+def _load(eng, model: str, quiet: bool = False):
+    bar = ProgressBar() if not quiet else None
+    handle = eng.load_model(model, progress=bar)
+    if bar:
+        bar.done()
+    if eng.backend_note and not quiet:
+        print(eng.backend_note, file=sys.stderr)
+    return handle
+
+
+def cmd_generate(args) -> int:
+    from .engine import Finished, TextDelta
+
+    eng = _engine(args)
+    handle = _load(eng, args.model, quiet=args.json)
+    text, stats = "", None
+    for event in eng.generate(handle.id, args.prompt, _params(args), chat=args.chat):
+        if isinstance(event, TextDelta):
+            text += event.text
+            if not args.json:
+                print(event.text, end="", flush=True)
+        elif isinstance(event, Finished):
+            stats = event.stats
+    if args.json:
+        print(json.dumps({"model": handle.id, "backend": handle.backend, "text": text, "stats": stats.to_dict()}))
+    else:
+        print(f"\n\n[{stats.generated_tokens} tokens, {stats.tokens_per_s:.1f} tok/s, first token "
+              f"{stats.ttft_s * 1000:.0f} ms, {stats.stop_reason}]", file=sys.stderr)
+    return 0
+
+
+def cmd_chat(args) -> int:
+    from .engine import Finished, TextDelta
+
+    eng = _engine(args)
+    handle = _load(eng, args.model)
+    sid = eng.create_session(handle.id, system_prompt=args.system)
+    print(f"Chatting with {handle.id} on {handle.backend}. Empty line or Ctrl-D to quit; Ctrl-C stops a reply.")
+    params = _params(args)
+    while True:
+        try:
+            user = input("\nyou> ").strip()
+        except (EOFError, KeyboardInterrupt):
+            print()
+            return 0
+        if not user:
+            return 0
+        print("assistant> ", end="", flush=True)
+        events = eng.chat(sid, user, params)
+        try:
+            for event in events:
+                if isinstance(event, TextDelta):
+                    print(event.text, end="", flush=True)
+                elif isinstance(event, Finished):
+                    s = event.stats
+                    print(f"\n  [{s.generated_tokens} tokens, {s.tokens_per_s:.1f} tok/s, context "
+                          f"{s.context_used:,}/{s.context_limit:,}]")
+        except KeyboardInterrupt:
+            eng.cancel(sid)
+            for event in events:
+                pass
+            print("\n  [stopped]")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="hearth", description="Run language models on your own GPU.")
+    sub = parser.add_subparsers(dest="command")
+
+    p = sub.add_parser("inspect", help="describe a checkpoint without loading it")
+    p.add_argument("path")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_inspect)
+
+    p = sub.add_parser("models", help="the model library")
+    p.add_argument("action", choices=["list", "import", "remove", "default"])
+    p.add_argument("path", nargs="?", help="a folder or .gguf to import, or the id to remove")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_models)
+
+    for name, func, helptext in (("generate", cmd_generate, "generate text once"),
+                                 ("chat", cmd_chat, "chat in the terminal")):
+        p = sub.add_parser(name, help=helptext)
+        p.add_argument("model", help="a model id from the library, or a checkpoint folder")
+        p.add_argument("--backend", default="auto", choices=["auto", "torch", "cuda-native"])
+        p.add_argument("--max-tokens", type=int, default=256)
+        p.add_argument("--temperature", type=float, default=0.7)
+        p.add_argument("--top-k", type=int, default=0)
+        p.add_argument("--top-p", type=float, default=1.0)
+        p.add_argument("--min-p", type=float, default=0.0)
+        p.add_argument("--repetition-penalty", type=float, default=1.0)
+        p.add_argument("--seed", type=int, default=None)
+        p.set_defaults(func=func)
+        if name == "generate":
+            p.add_argument("--prompt", required=True)
+            p.add_argument("--chat", action="store_true", help="wrap the prompt in the chat template")
+            p.add_argument("--json", action="store_true")
+        else:
+            p.add_argument("--system", default=None, help="a system prompt")
+
+    p = sub.add_parser("bench", help="measure decode and prefill speed", add_help=False)
+    p.set_defaults(func=None)
+    return parser
+
+
+def main(argv: Optional[list] = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv:
+        from app.main import main as app_main
+
+        return app_main([])
+    if argv[0] == "bench":
+        from .bench import main as bench_main
+
+        return bench_main(argv[1:])
+    args = build_parser().parse_args(argv)
+    if args.command is None:
+        build_parser().print_help()
+        return 2
+    try:
+        return args.func(args)
+    except HearthError as exc:
+        print(f"hearth: {exc.message}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
