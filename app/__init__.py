@@ -1,0 +1,1 @@
+"""Hearth's desktop app (Qt / PySide6). The engine package never imports this."""

@@ -1,0 +1,184 @@
+"""The open chat: its messages, the reply being streamed, and the edits a user can make.
+
+Qt-free. Every change goes to the ChatStore at once (a streaming reply on each flush), then
+listeners hear about it: listener(event, payload) with events "opened", "message-added",
+"message-updated", "messages-truncated", "streaming-started", "streaming-finished".
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+from ..store import COMPLETE, ERROR, STOPPED, STREAMING, ChatStore, StoredChat, StoredMessage
+
+TITLE_CHARS = 48
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    """What the worker needs to produce one reply."""
+    chat_id: str
+    model_id: str
+    system_prompt: str
+    turns: list          # [{"role", "content"}], ends with the user's message
+    params: dict         # SamplingParams fields, with a concrete seed
+    reply_id: int        # the stored assistant message that receives the tokens
+
+
+@dataclass
+class ChatState:
+    store: ChatStore
+    chat: Optional[StoredChat] = None
+    messages: list = field(default_factory=list)      # [StoredMessage]
+    streaming: Optional[StoredMessage] = None
+    _listeners: list = field(default_factory=list)
+
+    def subscribe(self, listener: Callable[[str, object], None]) -> None:
+        self._listeners.append(listener)
+
+    def _emit(self, event: str, payload=None) -> None:
+        for listener in list(self._listeners):
+            listener(event, payload)
+
+    # --- choosing a chat -------------------------------------------------------------------
+    def open(self, chat_id: str) -> None:
+        self.chat = self.store.chat(chat_id)
+        self.messages = self.store.messages(chat_id)
+        if self.streaming is not None:   # a reply still streaming (maybe into this chat): keep it live
+            self.messages = [self.streaming if m.id == self.streaming.id else m for m in self.messages]
+        self._emit("opened", self.chat)
+
+    def new_chat(self, model_id: Optional[str] = None, system_prompt: str = "",
+                 params: Optional[dict] = None) -> StoredChat:
+        chat = self.store.create_chat("New chat", model_id, system_prompt, params)
+        self.open(chat.id)
+        return chat
+
+    def close(self) -> None:
+        self.chat, self.messages = None, []
+        self._emit("opened", None)
+
+    @property
+    def busy(self) -> bool:
+        return self.streaming is not None
+
+    def set_system_prompt(self, text: str) -> None:
+        if self.chat is not None:
+            self.store.update_chat(self.chat.id, system_prompt=text)
+            self.chat.system_prompt = text
+
+    def set_params(self, params: dict) -> None:
+        if self.chat is not None:
+            self.store.update_chat(self.chat.id, params=params)
+            self.chat.params = dict(params)
+
+    # --- turning user actions into requests -------------------------------------------------
+    def send(self, text: str, model_id: str, weights_sha256: Optional[str], params: dict) -> GenerationRequest:
+        self._require_idle()
+        text = text.strip()
+        if not text:
+            raise ValueError("nothing to send")
+        if self.chat.title == "New chat" and not any(m.role == "user" for m in self.messages):
+            title = " ".join(text.split())
+            title = title if len(title) <= TITLE_CHARS else title[:TITLE_CHARS - 1].rstrip() + "…"
+            self.store.rename_chat(self.chat.id, title)
+            self.chat.title = title
+        self._add("user", text)
+        return self._start_reply(model_id, weights_sha256, params)
+
+    def can_regenerate(self) -> bool:
+        return (not self.busy and bool(self.messages) and self.messages[-1].role == "assistant"
+                and any(m.role == "user" for m in self.messages))
+
+    def regenerate(self, model_id: str, weights_sha256: Optional[str], params: dict) -> GenerationRequest:
+        """Replace the last reply with a new one to the same history."""
+        self._require_idle()
+        if not self.can_regenerate():
+            raise ValueError("there is no reply to regenerate")
+        self._truncate(len(self.messages) - 1)
+        return self._start_reply(model_id, weights_sha256, params)
+
+    def last_user_text(self) -> Optional[str]:
+        for m in reversed(self.messages):
+            if m.role == "user":
+                return m.content
+        return None
+
+    def edit_last_user(self, text: str, model_id: str, weights_sha256: Optional[str],
+                       params: dict) -> GenerationRequest:
+        """Replace the last user message (and everything after it) and ask again."""
+        self._require_idle()
+        positions = [i for i, m in enumerate(self.messages) if m.role == "user"]
+        if not positions:
+            raise ValueError("there is no message to edit")
+        self._truncate(positions[-1])
+        self._add("user", text.strip())
+        return self._start_reply(model_id, weights_sha256, params)
+
+    # --- the reply as it streams --------------------------------------------------------------
+    def append(self, text: str) -> None:
+        if self.streaming is not None and text:
+            self.streaming.content += text
+            self._emit("message-updated", self.streaming)
+
+    def flush(self) -> None:
+        """Write what has been shown so far; cheap (one UPDATE in WAL mode)."""
+        if self.streaming is not None:
+            self.store.update_message(self.streaming.id, content=self.streaming.content)
+
+    def finish(self, stats: Optional[dict]) -> None:
+        if self.streaming is None:
+            return
+        reason = (stats or {}).get("stop_reason")
+        message = self.streaming
+        message.state = STOPPED if reason == "cancelled" else COMPLETE
+        message.stats = stats
+        self.store.update_message(message.id, content=message.content, state=message.state, stats=stats)
+        self.streaming = None
+        self._emit("message-updated", message)
+        self._emit("streaming-finished", message)
+
+    def fail(self, error: str) -> None:
+        """The engine raised: keep the partial reply, mark it."""
+        if self.streaming is None:
+            return
+        message = self.streaming
+        message.state = ERROR
+        message.stats = {"error": error}
+        self.store.update_message(message.id, content=message.content, state=ERROR, stats=message.stats)
+        self.streaming = None
+        self._emit("message-updated", message)
+        self._emit("streaming-finished", message)
+
+    # --- internals -------------------------------------------------------------------------
+    def _require_idle(self) -> None:
+        if self.chat is None:
+            raise ValueError("no chat is open")
+        if self.busy:
+            raise ValueError("a reply is still being written")
+
+    def _add(self, role: str, content: str, **extra) -> StoredMessage:
+        message = self.store.add_message(self.chat.id, role, content, **extra)
+        self.messages.append(message)
+        self._emit("message-added", message)
+        return message
+
+    def _truncate(self, keep: int) -> None:
+        self.store.truncate(self.chat.id, keep)
+        del self.messages[keep:]
+        self._emit("messages-truncated", keep)
+
+    def _start_reply(self, model_id: str, weights_sha256: Optional[str], params: dict) -> GenerationRequest:
+        params = dict(params)
+        if params.get("seed") is None:
+            import secrets
+            params["seed"] = secrets.randbits(31)
+        turns = [m.as_turn() for m in self.messages]
+        if self.chat.model_id != model_id:
+            self.store.update_chat(self.chat.id, model_id=model_id)
+            self.chat.model_id = model_id
+        reply = self._add("assistant", "", state=STREAMING, model_id=model_id,
+                          weights_sha256=weights_sha256, params=params, seed=params["seed"])
+        self.streaming = reply
+        self._emit("streaming-started", reply)
+        return GenerationRequest(self.chat.id, model_id, self.chat.system_prompt or "", turns, params, reply.id)

@@ -1,0 +1,299 @@
+"""Checkpoint inspection: metadata, decoder config, execution plan (or why not), every tensor.
+
+Works from headers alone (engine.inspect), so nothing needs to be loaded. The tensor table is a
+QAbstractTableModel behind a QSortFilterProxyModel: thousands of rows filter as you type.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, is_dataclass
+
+from PySide6.QtCore import QAbstractTableModel, QModelIndex, QSortFilterProxyModel, Qt, Signal
+from PySide6.QtWidgets import (QAbstractItemView, QFileDialog, QFormLayout, QFrame, QHBoxLayout, QHeaderView,
+                               QLabel, QLineEdit, QPushButton, QScrollArea, QSplitter, QTableView, QVBoxLayout,
+                               QWidget)
+
+from ..models.library import human_bytes, human_count
+
+TENSOR_COLUMNS = ("Name", "Dtype", "Shape", "Bytes", "File")
+
+
+class TensorTableModel(QAbstractTableModel):
+    def __init__(self, parent=None):
+        super().__init__(parent)
+        self.tensors: list = []
+
+    def set_tensors(self, tensors) -> None:
+        self.beginResetModel()
+        self.tensors = list(tensors)
+        self.endResetModel()
+
+    def rowCount(self, parent=QModelIndex()):
+        return 0 if parent.isValid() else len(self.tensors)
+
+    def columnCount(self, parent=QModelIndex()):
+        return 0 if parent.isValid() else len(TENSOR_COLUMNS)
+
+    def headerData(self, section, orientation, role=Qt.DisplayRole):
+        if orientation == Qt.Horizontal and role == Qt.DisplayRole:
+            return TENSOR_COLUMNS[section]
+        return None
+
+    def data(self, index, role=Qt.DisplayRole):
+        if not index.isValid():
+            return None
+        t = self.tensors[index.row()]
+        col = index.column()
+        if role == Qt.DisplayRole:
+            return (t.name, t.dtype, " × ".join(str(d) for d in t.shape), human_bytes(t.bytes), t.file)[col]
+        if role == Qt.UserRole:   # sort keys
+            return (t.name, t.dtype, tuple(t.shape), t.bytes, t.file)[col]
+        if role == Qt.TextAlignmentRole and col == 3:
+            return int(Qt.AlignRight | Qt.AlignVCenter)
+        if role == Qt.ToolTipRole:
+            return f"{t.name}\n{t.dtype} {list(t.shape)}\n{t.bytes:,} bytes at offset {t.offset:,} in {t.file}"
+        return None
+
+
+class TensorFilter(QSortFilterProxyModel):
+    """Filters on the name (any words, all must match), sorts on raw values."""
+
+    def __init__(self, parent=None):
+        super().__init__(parent)
+        self.words: list[str] = []
+        self.setSortRole(Qt.UserRole)
+
+    def set_text(self, text: str) -> None:
+        self.words = text.lower().split()
+        self.invalidateRowsFilter()
+
+    def filterAcceptsRow(self, row, parent):
+        if not self.words:
+            return True
+        t = self.sourceModel().tensors[row]
+        hay = f"{t.name} {t.dtype}".lower()
+        return all(w in hay for w in self.words)
+
+
+def _fields(obj) -> dict:
+    if obj is None:
+        return {}
+    if isinstance(obj, dict):
+        return obj
+    if is_dataclass(obj):
+        return asdict(obj)
+    if hasattr(obj, "to_dict"):
+        return obj.to_dict()
+    return dict(vars(obj))
+
+
+def _value(v) -> str:
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    if isinstance(v, float):
+        return f"{v:g}"
+    if isinstance(v, int):
+        return f"{v:,}"
+    if isinstance(v, dict):
+        return ", ".join(f"{k}: {_value(x)}" for k, x in v.items()) or "—"
+    if isinstance(v, (list, tuple)):
+        return ", ".join(_value(x) for x in v) or "—"
+    return "—" if v in (None, "") else str(v)
+
+
+class Inspector(QWidget):
+    inspect_path_requested = Signal(str)
+
+    def __init__(self, parent=None):
+        super().__init__(parent)
+        self.setObjectName("page")
+        self.info = None
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(24, 20, 24, 20)
+        layout.setSpacing(12)
+
+        head = QHBoxLayout()
+        titles = QVBoxLayout()
+        titles.setSpacing(2)
+        self.title = QLabel("Inspect a checkpoint")
+        self.title.setObjectName("title")
+        self.subtitle = QLabel("Read a model's structure from its headers, without loading it.")
+        self.subtitle.setObjectName("muted")
+        self.subtitle.setTextInteractionFlags(Qt.TextSelectableByMouse)
+        titles.addWidget(self.title)
+        titles.addWidget(self.subtitle)
+        head.addLayout(titles, 1)
+        self.open_folder = QPushButton("Open folder…")
+        self.open_folder.setAccessibleName("Inspect a Hugging Face folder")
+        self.open_folder.clicked.connect(self._pick_folder)
+        self.open_file = QPushButton("Open GGUF…")
+        self.open_file.setAccessibleName("Inspect a GGUF file")
+        self.open_file.clicked.connect(self._pick_file)
+        head.addWidget(self.open_folder, 0, Qt.AlignTop)
+        head.addWidget(self.open_file, 0, Qt.AlignTop)
+        layout.addLayout(head)
+
+        self.summary = QLabel("")
+        self.summary.setObjectName("sectionTitle")
+        self.summary.setAccessibleName("Inspection summary")
+        layout.addWidget(self.summary)
+
+        split = QSplitter(Qt.Horizontal)
+        split.setChildrenCollapsible(False)
+        # left: metadata, decoder, plan
+        left_scroll = QScrollArea()
+        left_scroll.setWidgetResizable(True)
+        left_scroll.setMinimumWidth(330)
+        left = QWidget()
+        left.setObjectName("page")
+        self.left_layout = QVBoxLayout(left)
+        self.left_layout.setContentsMargins(0, 0, 8, 0)
+        self.left_layout.setSpacing(12)
+        self.meta_form = self._card("Model")
+        self.plan_form = self._card("Execution plan")
+        self.decoder_form = self._card("Decoder configuration")
+        self.left_layout.addStretch(1)
+        left_scroll.setWidget(left)
+        split.addWidget(left_scroll)
+
+        # right: tensors
+        right = QFrame()
+        right.setObjectName("card")
+        rl = QVBoxLayout(right)
+        rl.setContentsMargins(14, 12, 14, 14)
+        rl.setSpacing(8)
+        row = QHBoxLayout()
+        self.tensor_title = QLabel("Tensors")
+        self.tensor_title.setObjectName("sectionTitle")
+        row.addWidget(self.tensor_title)
+        row.addStretch(1)
+        self.filter = QLineEdit()
+        self.filter.setPlaceholderText("Filter tensors (e.g. layers.0 attn)")
+        self.filter.setAccessibleName("Filter tensors")
+        self.filter.setClearButtonEnabled(True)
+        self.filter.setMinimumWidth(260)
+        row.addWidget(self.filter)
+        rl.addLayout(row)
+        self.tensor_model = TensorTableModel(self)
+        self.proxy = TensorFilter(self)
+        self.proxy.setSourceModel(self.tensor_model)
+        self.filter.textChanged.connect(self._filter)
+        self.table = QTableView()
+        self.table.setAccessibleName("Tensors")
+        self.table.setModel(self.proxy)
+        self.table.setSortingEnabled(True)
+        self.table.sortByColumn(-1, Qt.AscendingOrder)
+        self.table.setSelectionBehavior(QAbstractItemView.SelectRows)
+        self.table.setAlternatingRowColors(True)
+        self.table.setShowGrid(False)
+        self.table.setWordWrap(False)
+        self.table.verticalHeader().hide()
+        self.table.verticalHeader().setDefaultSectionSize(26)
+        h = self.table.horizontalHeader()
+        h.setSectionResizeMode(0, QHeaderView.Stretch)
+        for c in range(1, len(TENSOR_COLUMNS)):
+            h.setSectionResizeMode(c, QHeaderView.ResizeToContents)
+        h.setDefaultAlignment(Qt.AlignLeft | Qt.AlignVCenter)
+        rl.addWidget(self.table, 1)
+        self.shown_label = QLabel("")
+        self.shown_label.setObjectName("caption")
+        rl.addWidget(self.shown_label)
+        split.addWidget(right)
+        split.setStretchFactor(0, 0)
+        split.setStretchFactor(1, 1)
+        split.setSizes([380, 800])
+        layout.addWidget(split, 1)
+
+    def _card(self, title: str) -> QFormLayout:
+        card = QFrame()
+        card.setObjectName("card")
+        v = QVBoxLayout(card)
+        v.setContentsMargins(16, 12, 16, 14)
+        v.setSpacing(8)
+        label = QLabel(title)
+        label.setObjectName("sectionTitle")
+        v.addWidget(label)
+        form = QFormLayout()
+        form.setHorizontalSpacing(16)
+        form.setVerticalSpacing(5)
+        form.setLabelAlignment(Qt.AlignLeft)
+        v.addLayout(form)
+        self.left_layout.addWidget(card)
+        return form
+
+    @staticmethod
+    def _fill(form: QFormLayout, rows) -> None:
+        while form.rowCount():
+            form.removeRow(0)
+        for label, value in rows:
+            key = QLabel(label)
+            key.setObjectName("muted")
+            val = QLabel(value)
+            val.setWordWrap(True)
+            val.setTextInteractionFlags(Qt.TextSelectableByMouse)
+            val.setAccessibleName(label)
+            form.addRow(key, val)
+
+    def show_info(self, key: str, info, name: str = "") -> None:
+        self.info = info
+        meta = _fields(info.metadata)
+        dec = _fields(info.decoder)
+        n_tensors = len(info.tensors)
+        params = meta.get("parameter_count") or 0
+        self.title.setText(name or str(getattr(info, "path", key)).rstrip("/").split("/")[-1])
+        self.subtitle.setText(f"{info.path}  ·  {getattr(info, 'format', '')}")
+        self.summary.setText(f"{n_tensors:,} tensors  ·  {human_count(params)} parameters ({params:,})  ·  "
+                             f"{human_bytes(getattr(info, 'total_bytes', 0))} on disk")
+        dtypes = meta.get("dtypes") or {}
+        self._fill(self.meta_form, [
+            ("Architecture", _value(meta.get("architecture"))),
+            ("Model type", _value(meta.get("model_type"))),
+            ("Parameters", f"{params:,}"),
+            ("Quantization", _value(meta.get("quantization"))),
+            ("Tensor types", ", ".join(f"{k} × {v}" for k, v in dtypes.items()) or "—"),
+            ("Context length", _value(meta.get("context_length"))),
+            ("Vocabulary", _value(meta.get("vocab_size"))),
+            ("Tied embeddings", _value(meta.get("tied_embeddings"))),
+            ("Tokenizer", _value(meta.get("has_tokenizer"))),
+            ("Chat template", _value(meta.get("has_chat_template"))),
+            ("Files", _value(len(getattr(info, "files", {}) or {}))),
+        ])
+        kv = None
+        if hasattr(info.decoder, "kv_bytes_per_token"):
+            try:
+                kv = info.decoder.kv_bytes_per_token()
+            except Exception:
+                kv = None
+        plan = getattr(info, "plan", None)
+        if plan is not None:
+            p = _fields(plan)
+            rows = [("Archetype", _value(p.get("archetype"))), ("Attention", _value(p.get("attention"))),
+                    ("Projection format", _value(p.get("projection_format")))]
+            kv = p.get("kv_bytes_per_token", kv)
+            extra = [(k.replace("_", " ").capitalize(), _value(v)) for k, v in p.items()
+                     if k not in ("archetype", "attention", "projection_format", "kv_bytes_per_token")
+                     and not isinstance(v, (dict, list))]
+            rows += extra[:6]
+        else:
+            rows = [("Supported", "no"), ("Why", getattr(info, "plan_error", "") or "No execution plan")]
+        rows.append(("KV cache per token", f"{human_bytes(kv)} ({kv:,} bytes, fp16)" if kv else "—"))
+        self._fill(self.plan_form, rows)
+        self._fill(self.decoder_form, [(k.replace("_", " "), _value(v)) for k, v in dec.items()])
+        self.tensor_model.set_tensors(info.tensors)
+        self._filter(self.filter.text())
+
+    def _filter(self, text: str) -> None:
+        self.proxy.set_text(text)
+        total = self.tensor_model.rowCount()
+        shown = self.proxy.rowCount()
+        self.tensor_title.setText(f"Tensors ({total:,})")
+        self.shown_label.setText(f"Showing {shown:,} of {total:,}" if shown != total else f"{total:,} tensors")
+
+    def _pick_folder(self) -> None:
+        path = QFileDialog.getExistingDirectory(self, "Inspect a Hugging Face model folder")
+        if path:
+            self.inspect_path_requested.emit(path)
+
+    def _pick_file(self) -> None:
+        path, _ = QFileDialog.getOpenFileName(self, "Inspect a GGUF file", "", "GGUF models (*.gguf);;All files (*)")
+        if path:
+            self.inspect_path_requested.emit(path)

@@ -1,0 +1,567 @@
+"""The main window: wires the EngineClient's signals to the Qt-free models and their views."""
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Optional
+
+from PySide6.QtCore import QSettings, QSize, Qt
+from PySide6.QtGui import QIcon, QKeySequence, QShortcut
+from PySide6.QtWidgets import (QButtonGroup, QComboBox, QFrame, QHBoxLayout, QLabel, QMainWindow, QPushButton,
+                               QStackedWidget, QToolButton, QVBoxLayout, QWidget)
+
+from .. import theme
+from ..models.chat import ChatState
+from ..models.library import LibraryState, human_bytes
+from ..store import ChatStore
+from ..widgets.banner import Banner
+from ..widgets.chat_view import ChatView
+from ..widgets.composer import Composer
+from ..widgets.inspector import Inspector
+from ..widgets.load_progress import LoadProgress
+from ..widgets.model_manager import ModelManager
+from ..widgets.session_list import SessionList
+from ..widgets.settings_panel import DEFAULT_PARAMS, SettingsPanel
+from ..worker import DEFAULT_MODEL_ID, EngineClient
+
+log = logging.getLogger("hearth.app")
+RESOURCES = Path(__file__).resolve().parents[2] / "resources"
+CHAT, MODELS, INSPECT = 0, 1, 2
+
+
+def app_icon() -> QIcon:
+    return QIcon(str(RESOURCES / "hearth.svg"))
+
+
+class MainWindow(QMainWindow):
+    def __init__(self, client: EngineClient, store: ChatStore, settings: QSettings,
+                 start_model: Optional[str] = None):
+        super().__init__()
+        self.client = client
+        self.store = store
+        self.settings = settings
+        self.start_model = start_model      # None, "auto", or a model id to load once the library is known
+        self.library = LibraryState()
+        self.chat = ChatState(store)
+        self.backend = ""
+        self._user_inspects: set[str] = set()
+        self._counted: set[str] = set()
+        self._finished: set[str] = set()
+        self._library_seen = False
+        self.setWindowTitle("Hearth")
+        self.setWindowIcon(app_icon())
+        self.setMinimumSize(QSize(980, 620))
+        self._build()
+        self._wire()
+        self._shortcuts()
+        self._restore()
+        self.chat.subscribe(self._chat_event)
+        self.refresh_sessions()
+        chats = self.store.list_chats()
+        if chats:
+            self.open_chat(chats[0].id)
+        else:
+            self._show_chat_state()
+
+    # ------------------------------------------------------------------ building
+    def _build(self) -> None:
+        central = QWidget()
+        central.setObjectName("page")
+        root = QHBoxLayout(central)
+        root.setContentsMargins(0, 0, 0, 0)
+        root.setSpacing(0)
+
+        rail = QFrame()
+        rail.setObjectName("rail")
+        rail.setFixedWidth(84)
+        rl = QVBoxLayout(rail)
+        rl.setContentsMargins(10, 14, 10, 14)
+        rl.setSpacing(6)
+        logo = QLabel()
+        logo.setPixmap(app_icon().pixmap(40, 40))
+        logo.setAlignment(Qt.AlignHCenter)
+        logo.setAccessibleName("Hearth")
+        rl.addWidget(logo)
+        rl.addSpacing(12)
+        self.nav = QButtonGroup(self)
+        self.nav.setExclusive(True)
+        for index, (label, tip) in enumerate((("Chat", "Chats"), ("Models", "Model library"),
+                                              ("Inspect", "Checkpoint inspector"))):
+            b = QToolButton()
+            b.setObjectName("railButton")
+            b.setText(label)
+            b.setToolTip(tip)
+            b.setAccessibleName(tip)
+            b.setCheckable(True)
+            b.setToolButtonStyle(Qt.ToolButtonTextOnly)
+            self.nav.addButton(b, index)
+            rl.addWidget(b)
+        rl.addStretch(1)
+        root.addWidget(rail)
+
+        main = QVBoxLayout()
+        main.setContentsMargins(0, 0, 0, 0)
+        main.setSpacing(0)
+        top = QVBoxLayout()
+        top.setContentsMargins(16, 10, 16, 0)
+        top.setSpacing(8)
+        self.banner = Banner()
+        self.load_progress = LoadProgress()
+        top.addWidget(self.banner)
+        top.addWidget(self.load_progress)
+        main.addLayout(top)
+        self.pages = QStackedWidget()
+        main.addWidget(self.pages, 1)
+        root.addLayout(main, 1)
+
+        # chat page
+        chat_page = QWidget()
+        chat_page.setObjectName("page")
+        cl = QHBoxLayout(chat_page)
+        cl.setContentsMargins(12, 12, 12, 12)
+        cl.setSpacing(12)
+        self.sessions = SessionList()
+        cl.addWidget(self.sessions)
+        middle = QVBoxLayout()
+        middle.setSpacing(0)
+        header = QHBoxLayout()
+        header.setContentsMargins(24, 4, 24, 4)
+        self.chat_title = QLabel("")
+        self.chat_title.setObjectName("title")
+        self.chat_title.setAccessibleName("Chat title")
+        header.addWidget(self.chat_title, 1)
+        self.model_combo = QComboBox()
+        self.model_combo.setAccessibleName("Model for this chat")
+        self.model_combo.setMinimumWidth(220)
+        header.addWidget(self.model_combo)
+        self.choose_model = QPushButton("Choose a model…")
+        self.choose_model.setAccessibleName("Go to the model library")
+        self.choose_model.clicked.connect(lambda: self.show_page(MODELS))
+        header.addWidget(self.choose_model)
+        middle.addLayout(header)
+        self.chat_view = ChatView()
+        middle.addWidget(self.chat_view, 1)
+        self.composer = Composer()
+        middle.addWidget(self.composer)
+        cl.addLayout(middle, 1)
+        self.side = SettingsPanel()
+        cl.addWidget(self.side)
+        self.pages.addWidget(chat_page)
+
+        self.manager = ModelManager(self.library)
+        self.pages.addWidget(self.manager)
+        self.inspector = Inspector()
+        self.pages.addWidget(self.inspector)
+        self.setCentralWidget(central)
+
+        self.backend_label = QLabel("Starting engine…")
+        self.model_label = QLabel("No model loaded")
+        self.memory_label = QLabel("")
+        for w in (self.backend_label, self.model_label, self.memory_label):
+            self.statusBar().addWidget(w)
+        self.statusBar().setSizeGripEnabled(False)
+        self.show_page(CHAT)
+
+    def _wire(self) -> None:
+        c = self.client
+        c.ready.connect(self._ready)
+        c.library_changed.connect(self._library_changed)
+        c.inspected.connect(self._inspected)
+        c.memory_planned.connect(self._planned)
+        c.imported.connect(self._imported)
+        c.removed.connect(lambda mid: self.banner.show_info("Model removed", f"{mid} is no longer in your library."))
+        c.progress.connect(self.load_progress.update_event)
+        c.started.connect(self._op_started)
+        c.done.connect(self._op_done)
+        c.loaded.connect(self._loaded)
+        c.unloaded.connect(self._unloaded)
+        c.failed.connect(self._failed)
+        c.token.connect(self._token)
+        c.metrics.connect(self._metrics)
+        c.finished.connect(self._finished_reply)
+
+        self.nav.idClicked.connect(self.show_page)
+        self.load_progress.cancel_requested.connect(self.client.cancel_load)
+        m = self.manager
+        m.import_requested.connect(self.client.import_path)
+        m.install_default_requested.connect(lambda: self.client.install_default(False))
+        m.remove_requested.connect(self.client.remove)
+        m.load_requested.connect(self.load_model)
+        m.unload_requested.connect(self.client.unload)
+        m.inspect_requested.connect(self.inspect)
+        m.selection_changed.connect(self._plan_if_needed)
+        self.inspector.inspect_path_requested.connect(self.inspect)
+
+        s = self.sessions
+        s.new_requested.connect(self.new_chat)
+        s.open_requested.connect(self.open_chat)
+        s.rename_requested.connect(self._rename_chat)
+        s.delete_requested.connect(self._delete_chat)
+        s.search_changed.connect(lambda _: self.refresh_sessions())
+        co = self.composer
+        co.send_requested.connect(self.send)
+        co.stop_requested.connect(self.stop)
+        co.regenerate_requested.connect(self.regenerate)
+        co.edit_requested.connect(self.begin_edit)
+        self.side.params_changed.connect(self._params_changed)
+        self.side.system_prompt_changed.connect(self._system_prompt_changed)
+        self.model_combo.currentIndexChanged.connect(lambda _: self._model_chosen())
+
+    def _shortcuts(self) -> None:
+        for keys, fn in (("Ctrl+N", self.new_chat), ("Esc", self._escape), ("Ctrl+.", self.stop),
+                         ("Ctrl+L", self.focus_composer), ("Ctrl+1", lambda: self.show_page(CHAT)),
+                         ("Ctrl+2", lambda: self.show_page(MODELS)), ("Ctrl+3", lambda: self.show_page(INSPECT))):
+            QShortcut(QKeySequence(keys), self, fn)
+
+    def _restore(self) -> None:
+        geometry = self.settings.value("window/geometry")
+        if geometry is not None:
+            self.restoreGeometry(geometry)
+        else:
+            self.resize(1320, 820)
+        try:
+            params = json.loads(self.settings.value("chat/params", "") or "{}")
+        except ValueError:
+            params = {}
+        self.default_params = {**DEFAULT_PARAMS, **params}
+        self.default_system_prompt = self.settings.value("chat/system_prompt", "") or ""
+        self.side.set_params(self.default_params)
+
+    # ------------------------------------------------------------------ pages
+    def show_page(self, index: int) -> None:
+        self.pages.setCurrentIndex(index)
+        self.nav.button(index).setChecked(True)
+        if index == CHAT:
+            self.focus_composer()
+
+    def focus_composer(self) -> None:
+        if self.pages.currentIndex() != CHAT:
+            self.show_page(CHAT)
+        self.composer.edit.setFocus()
+
+    # ------------------------------------------------------------------ engine events
+    def _ready(self, backend: str) -> None:
+        self.backend = backend
+        self.backend_label.setText(f"Backend: {backend}")
+
+    def _library_changed(self, manifests: list) -> None:
+        self.library.set_manifests(manifests)
+        for row in self.library.rows:
+            if row.parameter_count is None and row.id not in self._counted:
+                self._counted.add(row.id)
+                self.client.inspect(row.id)      # headers only: fills the Parameters column
+        self._refresh_model_combo()
+        if not self._library_seen:
+            self._library_seen = True
+            self._start_model()
+        selected = self.manager.selected_id()
+        if not selected and self.library.rows:
+            self.manager.select(self.library.rows[0].id)
+
+    def _start_model(self) -> None:
+        wanted = self.start_model
+        if not wanted:
+            return
+        ids = {r.id for r in self.library.rows}
+        if wanted == "auto":
+            last = self.settings.value("chat/last_model", "") or ""
+            if last in ids:
+                self.load_model(last)
+            elif not ids:
+                self.client.install_default(True)
+        elif wanted in ids:
+            self.load_model(wanted)
+        elif wanted in (DEFAULT_MODEL_ID, "default"):
+            self.client.install_default(True)
+        else:
+            self.banner.show_error("unknown-model", f"No model with id “{wanted}” is in your library. "
+                                   f"Known: {', '.join(sorted(ids)) or 'none'}.")
+
+    def _inspected(self, key: str, info) -> None:
+        count = getattr(info.metadata, "parameter_count", None)
+        if self.library.row(key) is not None and count:
+            self.library.set_parameter_count(key, int(count))
+        if key in self._user_inspects:
+            self._user_inspects.discard(key)
+            row = self.library.row(key)
+            self.inspector.show_info(key, info, row.name if row else "")
+            self.show_page(INSPECT)
+
+    def _planned(self, key: str, plan: dict) -> None:
+        self.manager.show_plan(key, plan)
+        self.memory_label.setText(f"Free {plan.get('device', '')}: {human_bytes(plan.get('free_bytes'))}")
+
+    def _plan_if_needed(self, model_id: str) -> None:
+        if model_id not in self.manager.plans:
+            self.client.plan_memory(model_id)
+
+    def _imported(self, manifest) -> None:
+        self.manager.select(manifest.id)
+        self.banner.show_info("Model added", f"{manifest.name} is in your library. Select it to see whether it "
+                              "fits in memory, then Load.")
+
+    def _op_started(self, op: str, key: str) -> None:
+        if op in ("load", "import", "install-default"):
+            row = self.library.row(key)
+            name = row.name if row else Path(key).name or key
+            title = {"load": f"Loading {name}", "import": f"Importing {name}",
+                     "install-default": "Installing the default model"}[op]
+            self.load_progress.begin(title, importing=op != "load")
+            self.manager.set_busy(True)
+        if op == "load":
+            self.banner.hide()
+
+    def _op_done(self, op: str, key: str) -> None:
+        if op in ("load", "import", "install-default"):
+            if "load" not in self.client.busy and "import" not in self.client.busy and \
+                    "install-default" not in self.client.busy:
+                self.load_progress.end()
+                self.manager.set_busy(False)
+        if op == "generate":
+            if key not in self._finished:
+                self.chat.fail("the engine stopped before finishing")   # failed() already showed why
+            self._finished.discard(key)
+            self._show_chat_state()
+
+    def _loaded(self, handle) -> None:
+        self.library.set_loaded(handle.id, True)
+        self.manager.plans.clear()
+        self.settings.setValue("chat/last_model", handle.id)
+        self._refresh_model_combo(select=handle.id)
+        if self.manager.selected_id():
+            self.client.plan_memory(self.manager.selected_id())
+
+    def _unloaded(self, model_id: str) -> None:
+        self.library.set_loaded(model_id, False)
+        self.manager.plans.clear()
+        self._refresh_model_combo()
+        if self.manager.selected_id():
+            self.client.plan_memory(self.manager.selected_id())
+
+    def _failed(self, kind: str, message: str) -> None:
+        if kind == "cancelled":
+            self.banner.show_info("Cancelled", message)
+        else:
+            self.banner.show_error(kind, message)
+
+    def _token(self, chat_id: str, text: str) -> None:
+        if self.chat.streaming is not None and self.chat.streaming.chat_id == chat_id:
+            self.chat.append(text)
+            self.chat.flush()       # every frame: nothing shown is lost if the app is killed
+
+    def _metrics(self, chat_id: str, live: dict) -> None:
+        if self.chat.chat is not None and self.chat.chat.id == chat_id:
+            self.side.show_live(live)
+
+    def _finished_reply(self, chat_id: str, stats: dict) -> None:
+        self._finished.add(chat_id)
+        if self.chat.streaming is not None and self.chat.streaming.chat_id == chat_id:
+            self.chat.finish(stats)
+        if self.chat.chat is not None and self.chat.chat.id == chat_id:
+            self.side.show_stats(stats)
+        self._show_chat_state()
+
+    # ------------------------------------------------------------------ model actions
+    def load_model(self, model_id: str) -> None:
+        if self.client.busy.get("load"):
+            return
+        self.client.load(model_id)
+
+    def inspect(self, key: str) -> None:
+        self._user_inspects.add(key)
+        self.client.inspect(key)
+
+    def _refresh_model_combo(self, select: str = "") -> None:
+        current = select or self.current_model_id() or (self.chat.chat.model_id if self.chat.chat else "")
+        self.model_combo.blockSignals(True)
+        self.model_combo.clear()
+        for row in self.library.loaded_rows():
+            self.model_combo.addItem(row.name, row.id)
+        index = self.model_combo.findData(current)
+        if index >= 0:
+            self.model_combo.setCurrentIndex(index)
+        self.model_combo.blockSignals(False)
+        has = self.model_combo.count() > 0
+        self.model_combo.setVisible(has)
+        self.choose_model.setVisible(not has)
+        self.chat_view.model_names = {r.id: r.name for r in self.library.rows}
+        loaded = self.library.loaded_rows()
+        self.model_label.setText("Loaded: " + ", ".join(r.name for r in loaded) if loaded else "No model loaded")
+        self._show_chat_state()
+
+    def current_model_id(self) -> str:
+        return self.model_combo.currentData() or ""
+
+    def _model_chosen(self) -> None:
+        mid = self.current_model_id()
+        if mid:
+            self.settings.setValue("chat/last_model", mid)
+        self._show_chat_state()
+
+    # ------------------------------------------------------------------ chats
+    def refresh_sessions(self) -> None:
+        chats = self.store.list_chats(self.sessions.search.text().strip())
+        self.sessions.set_chats(chats, self.chat.chat.id if self.chat.chat else "")
+
+    def new_chat(self) -> None:
+        self.chat.new_chat(self.current_model_id() or None, self.default_system_prompt, self.side.params())
+        self.sessions.search.clear()
+        self.refresh_sessions()
+        self.focus_composer()
+
+    def open_chat(self, chat_id: str) -> None:
+        if self.chat.chat is not None and self.chat.chat.id == chat_id:
+            return
+        self.chat.open(chat_id)
+
+    def _rename_chat(self, chat_id: str, title: str) -> None:
+        self.store.rename_chat(chat_id, title)
+        if self.chat.chat is not None and self.chat.chat.id == chat_id:
+            self.chat.chat.title = title
+            self.chat_title.setText(title)
+        self.refresh_sessions()
+
+    def _delete_chat(self, chat_id: str) -> None:
+        if self.chat.streaming is not None and self.chat.streaming.chat_id == chat_id:
+            self.banner.show_info("Still replying", "Stop the reply before deleting this chat.")
+            return
+        self.store.delete_chat(chat_id)
+        self.client.release_chat(chat_id)
+        if self.chat.chat is not None and self.chat.chat.id == chat_id:
+            rest = self.store.list_chats()
+            if rest:
+                self.chat.open(rest[0].id)
+            else:
+                self.chat.close()
+        self.refresh_sessions()
+
+    def _chat_event(self, event: str, payload) -> None:
+        if event == "opened":
+            chat = payload
+            self.chat_view.set_messages(self.chat.messages if chat else [])
+            self.chat_title.setText(chat.title if chat else "")
+            self.side.set_params(chat.params if chat and chat.params else self.default_params)
+            self.side.set_system_prompt(chat.system_prompt if chat else self.default_system_prompt)
+            self.side.clear_figures()
+            last = next((m for m in reversed(self.chat.messages) if m.stats), None)
+            if last is not None:
+                self.side.show_stats(last.stats)
+            if chat and chat.model_id and self.model_combo.findData(chat.model_id) >= 0:
+                self.model_combo.setCurrentIndex(self.model_combo.findData(chat.model_id))
+            self.composer.end_edit()
+            self.refresh_sessions()
+        elif event == "message-added":
+            if self.chat.chat is not None and payload.chat_id == self.chat.chat.id:
+                self.chat_view.add_message(payload)
+        elif event == "message-updated":
+            self.chat_view.update_message(payload)
+        elif event == "messages-truncated":
+            self.chat_view.truncate(payload)
+        self._show_chat_state()
+
+    def _show_chat_state(self) -> None:
+        if not hasattr(self, "composer"):
+            return
+        model = self.current_model_id()
+        generating = self.chat.busy
+        open_chat = self.chat.chat is not None
+        if not model:
+            status = "Load a model to start chatting"
+        elif generating and open_chat and self.chat.streaming.chat_id != self.chat.chat.id:
+            status = "Replying in another chat…"
+        elif generating:
+            status = "Replying…  (Esc to stop)"
+        else:
+            status = ""
+        self.composer.set_state(can_send=bool(model), generating=generating,
+                                can_regenerate=bool(model) and open_chat and self.chat.can_regenerate(),
+                                can_edit=bool(model) and open_chat and self.chat.last_user_text() is not None,
+                                status=status)
+        if not self.chat.messages:
+            self.chat_view.set_empty_text("Start a conversation. Your chats stay on this computer."
+                                          if model else "Load a model from the library, then start a conversation.")
+        if open_chat:
+            self.chat_title.setText(self.chat.chat.title)
+
+    def _weights_hash(self, model_id: str) -> Optional[str]:
+        row = self.library.row(model_id)
+        return row.sha256 if row else None
+
+    def send(self, text: str) -> None:
+        model = self.current_model_id()
+        if not model:
+            self.banner.show_info("No model loaded", "Load a model from the Models page first.")
+            return
+        if self.chat.busy:
+            return
+        if self.chat.chat is None:
+            self.new_chat()
+        params = self.side.params()
+        self.chat.set_params(params)
+        try:
+            if self.composer.editing:
+                request = self.chat.edit_last_user(text, model, self._weights_hash(model), params)
+            else:
+                request = self.chat.send(text, model, self._weights_hash(model), params)
+        except ValueError as exc:
+            self.banner.show_info("Cannot send", str(exc))
+            return
+        self.composer.edit.clear()
+        self.composer.end_edit()
+        self._start(request)
+
+    def _start(self, request) -> None:
+        self.side.clear_figures()
+        self._finished.discard(request.chat_id)
+        self.client.generate(request)
+        self.refresh_sessions()
+        self._show_chat_state()
+
+    def stop(self) -> None:
+        if self.chat.streaming is not None:
+            self.client.stop(self.chat.streaming.chat_id)
+
+    def _escape(self) -> None:
+        if self.chat.busy:
+            self.stop()
+        elif self.composer.editing:
+            self.composer.end_edit()
+            self.composer.edit.clear()
+        elif self.banner.isVisible():
+            self.banner.dismiss()
+
+    def regenerate(self) -> None:
+        model = self.current_model_id()
+        if not model or not self.chat.can_regenerate():
+            return
+        self._start(self.chat.regenerate(model, self._weights_hash(model), self.side.params()))
+
+    def begin_edit(self) -> None:
+        text = self.chat.last_user_text()
+        if text is not None and not self.chat.busy:
+            self.composer.begin_edit(text)
+
+    def _params_changed(self, params: dict) -> None:
+        self.chat.set_params(params)
+        self.default_params = params
+        self.settings.setValue("chat/params", json.dumps(params))
+
+    def _system_prompt_changed(self, text: str) -> None:
+        self.chat.set_system_prompt(text)
+        self.default_system_prompt = text
+        self.settings.setValue("chat/system_prompt", text)
+
+    # ------------------------------------------------------------------ theme, close
+    def apply_theme(self) -> None:
+        self.chat_view.rerender()
+
+    def closeEvent(self, event) -> None:
+        if self.chat.streaming is not None:
+            chat_id = self.chat.streaming.chat_id
+            self.chat.flush()
+            self.chat.finish({"stop_reason": "cancelled", **(self.chat.streaming.stats or {})})
+            self.client.stop(chat_id)
+        self.settings.setValue("window/geometry", self.saveGeometry())
+        self.settings.sync()
+        super().closeEvent(event)

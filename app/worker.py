@@ -1,0 +1,475 @@
+"""EngineWorker: the one object that touches the Engine, living in its own QThread.
+
+The GUI never calls the engine. It talks to the worker through `EngineClient`, which turns method
+calls into queued signals (so every engine call runs in the worker thread) and re-emits the worker's
+signals in the GUI thread (so views and tests observe them there).
+
+Long work and cancellation:
+- A load is one blocking engine call in the worker thread. Cancel sets a threading.Event straight
+  from the GUI thread; the engine checks it between tensors and raises Cancelled.
+- A reply is stepped from the worker's event loop: one token per `_step`, then the next step is
+  posted behind any queued call (stop, unload, a new request). Stop also calls engine.cancel(sid),
+  which is thread-safe, so even a long prefill ends within one step.
+- Tokens are coalesced: text is emitted at most once per frame (16 ms), whatever the token rate.
+"""
+from __future__ import annotations
+
+import collections
+import logging
+import os
+import threading
+import time
+import traceback
+from dataclasses import asdict, is_dataclass
+from typing import Optional
+
+from PySide6.QtCore import QObject, Qt, QThread, QTimer, Signal, Slot
+
+log = logging.getLogger("hearth.app")
+
+FRAME_S = 0.016
+STATS_FIELDS = ("prompt_tokens", "prefilled_tokens", "generated_tokens", "ttft_s", "tokens_per_s",
+                "stop_reason", "context_used", "context_limit")
+PARAM_FIELDS = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty", "seed", "max_tokens", "stop")
+DEFAULT_MODEL_ID = "smollm2-135m-instruct"
+
+
+def stats_dict(stats) -> dict:
+    if stats is None:
+        return {}
+    if isinstance(stats, dict):
+        source = stats
+    elif is_dataclass(stats):
+        source = asdict(stats)
+    else:
+        source = {name: getattr(stats, name) for name in STATS_FIELDS if hasattr(stats, name)}
+    return {k: v for k, v in source.items() if isinstance(v, (int, float, str, bool, type(None)))}
+
+
+def sampling_params(params: dict):
+    from engine.sampling import SamplingParams
+    kwargs = {k: v for k, v in params.items() if k in PARAM_FIELDS}
+    if "stop" in kwargs:
+        kwargs["stop"] = tuple(kwargs["stop"] or ())
+    return SamplingParams(**kwargs)
+
+
+class _Generation:
+    def __init__(self, request, sid, events):
+        self.request = request
+        self.sid = sid
+        self.events = events
+        self.buffer: list[str] = []
+        self.tokens = 0
+        self.t_start = time.perf_counter()
+        self.t_first: Optional[float] = None
+        self.t_last_emit = 0.0
+
+
+class EngineWorker(QObject):
+    # --- the fixed vocabulary (emitted in the worker thread) ---
+    started = Signal(str, str)              # op, key
+    done = Signal(str, str)                 # op, key: after every op, whether it worked or not
+    failed = Signal(str, str)               # kind, message (a HearthError's, or "internal")
+    ready = Signal(str)                     # the engine is up; backend description
+    progress = Signal(object)               # engine.progress.ProgressEvent (loads and imports)
+    inspected = Signal(str, object)         # key (path or model id), CheckpointInfo
+    memory_planned = Signal(str, object)    # key, {plan fields, free, total, device, ok, message}
+    imported = Signal(object)               # ModelManifest
+    removed = Signal(str)                   # model id
+    library_changed = Signal(list)          # [ModelManifest]
+    loaded = Signal(object)                 # ModelHandle
+    unloaded = Signal(str)                  # model id
+    token = Signal(str, str)                # chat id, text (coalesced: at most one per frame)
+    metrics = Signal(str, object)           # chat id, live {"ttft_s", "tokens", "tokens_per_s"}
+    finished = Signal(str, object)          # chat id, stats dict
+
+    def __init__(self, engine_factory=None):
+        super().__init__()
+        self._engine_factory = engine_factory
+        self.engine = None
+        self._load_cancel = threading.Event()
+        self._lock = threading.Lock()
+        self._active: Optional[_Generation] = None     # read from the GUI thread under _lock
+        self._stop_requested: set[str] = set()          # chat ids, written from the GUI thread
+        self._pending: collections.deque = collections.deque()
+        self._sessions: dict[str, tuple] = {}           # chat id -> (sid, model id, system prompt)
+        self._flush_timer = QTimer(self)                # moves with the worker to its thread
+        self._flush_timer.setSingleShot(True)
+        self._flush_timer.timeout.connect(self._flush_active)
+
+    # ---------------------------------------------------------------- thread-safe, any thread
+    def cancel_load(self) -> None:
+        self._load_cancel.set()
+
+    def stop(self, chat_id: str) -> None:
+        """Stop the reply for this chat (or the queued request): honoured within one step."""
+        with self._lock:
+            self._stop_requested.add(chat_id)
+            active = self._active
+        if active is not None and active.request.chat_id == chat_id and self.engine is not None:
+            try:
+                self.engine.cancel(active.sid)
+            except Exception:  # the session may have just finished
+                log.debug("cancel after finish", exc_info=True)
+
+    # ---------------------------------------------------------------- slots (worker thread)
+    def _run(self, op: str, key: str, fn) -> None:
+        self.started.emit(op, key)
+        try:
+            fn()
+        except Exception as exc:  # every failure becomes a signal the window shows
+            self._report(exc)
+        finally:
+            self.done.emit(op, key)
+
+    def _report(self, exc: BaseException) -> None:
+        kind = getattr(exc, "kind", None)
+        message = getattr(exc, "message", None)
+        if kind is None or message is None:
+            log.error("engine call failed\n%s", "".join(traceback.format_exception(exc)))
+            kind, message = "internal", f"{type(exc).__name__}: {exc}"
+        self.failed.emit(kind, message)
+
+    @Slot(str, str)
+    def start_engine(self, backend: str, home: str) -> None:
+        def go():
+            if self._engine_factory is not None:
+                self.engine = self._engine_factory()
+            else:
+                from engine import Engine
+                self.engine = Engine(backend=backend or "auto", home=home or None)
+            self.ready.emit(str(getattr(self.engine, "backend_name", None) or backend or "auto"))
+            self._emit_library()
+        self._run("start", backend, go)
+
+    @Slot()
+    def refresh_library(self) -> None:
+        self._run("library", "", self._emit_library)
+
+    def _emit_library(self) -> None:
+        if self.engine is not None:
+            self.library_changed.emit(list(self.engine.library.list()))
+
+    @Slot(str)
+    def inspect(self, key: str) -> None:
+        self._run("inspect", key, lambda: self.inspected.emit(key, self.engine.inspect(key)))
+
+    @Slot(str)
+    def plan_memory(self, key: str) -> None:
+        def go():
+            plan = self.engine.memory_plan(key)
+            free, total, device = self.engine.free_memory()
+            fit = plan.fits(free)
+            self.memory_planned.emit(key, {
+                "weight_bytes": plan.weight_bytes, "kv_bytes_per_token": plan.kv_bytes_per_token,
+                "kv_bytes": plan.kv_bytes, "workspace_bytes": plan.workspace_bytes,
+                "total_bytes": plan.total_bytes, "context_length": getattr(plan, "context_length", None),
+                "free_bytes": free, "device_total_bytes": total, "device": device,
+                "ok": bool(fit.ok), "message": fit.message})
+        self._run("plan", key, go)
+
+    def _progress_callback(self):
+        last = {"stage": None, "t": 0.0}
+
+        def callback(event) -> None:
+            now = time.perf_counter()
+            # Every stage change, every stage's last event, and otherwise at most one per frame.
+            if (event.stage != last["stage"] or event.current_bytes >= event.total_bytes
+                    or now - last["t"] >= FRAME_S):
+                last["stage"], last["t"] = event.stage, now
+                self.progress.emit(event)
+        return callback
+
+    @Slot(str)
+    def import_path(self, path: str) -> None:
+        def go():
+            manifest = self.engine.library.import_path(path, progress=self._progress_callback())
+            self.imported.emit(manifest)
+            self._emit_library()
+        self._run("import", path, go)
+
+    @Slot(bool)
+    def install_default(self, then_load: bool) -> None:
+        def go():
+            manifest = self.engine.install_default_model(progress=self._progress_callback())
+            self.imported.emit(manifest)
+            self._emit_library()
+            if then_load:
+                self._load(manifest.id)
+        self._run("install-default", DEFAULT_MODEL_ID, go)
+
+    @Slot(str)
+    def remove(self, model_id: str) -> None:
+        def go():
+            if any(h.id == model_id for h in self.engine.loaded_models()):
+                self._unload(model_id)
+            self.engine.library.remove(model_id)
+            self.removed.emit(model_id)
+            self._emit_library()
+        self._run("remove", model_id, go)
+
+    @Slot(str)
+    def load(self, model_id: str) -> None:
+        self._run("load", model_id, lambda: self._load(model_id))
+
+    def _load(self, model_id: str) -> None:
+        self._load_cancel.clear()
+        handle = self.engine.load_model(model_id, progress=self._progress_callback(),
+                                        cancel=self._load_cancel)
+        self.loaded.emit(handle)
+
+    @Slot(str)
+    def unload(self, model_id: str) -> None:
+        self._run("unload", model_id, lambda: self._unload(model_id))
+
+    def _unload(self, model_id: str) -> None:
+        for chat_id, (sid, mid, _) in list(self._sessions.items()):
+            if mid == model_id:
+                if self._active is not None and self._active.sid == sid:
+                    self.stop(chat_id)
+                self._sessions.pop(chat_id, None)
+        try:
+            self.engine.clear_sessions(model_id)
+        except Exception:
+            log.debug("clear_sessions", exc_info=True)
+        self.engine.unload(model_id)
+        self.unloaded.emit(model_id)
+
+    @Slot(str)
+    def release_chat(self, chat_id: str) -> None:
+        entry = self._sessions.pop(chat_id, None)
+        if entry is not None and self.engine is not None:
+            try:
+                self.engine.release_session(entry[0])
+            except Exception:
+                log.debug("release_session", exc_info=True)
+
+    # ---------------------------------------------------------------- generation
+    @Slot(object)
+    def generate(self, request) -> None:
+        """Queue one reply (app.models.GenerationRequest); replies run one at a time."""
+        self._pending.append(request)
+        if self._active is None:
+            self._start_next()
+
+    def _start_next(self) -> None:
+        while self._pending and self._active is None:
+            request = self._pending.popleft()
+            self.started.emit("generate", request.chat_id)
+            with self._lock:
+                stopped_early = request.chat_id in self._stop_requested
+                self._stop_requested.discard(request.chat_id)
+            if stopped_early:
+                self.finished.emit(request.chat_id, {"stop_reason": "cancelled", "generated_tokens": 0})
+                self.done.emit("generate", request.chat_id)
+                continue
+            try:
+                sid = self._session_for(request)
+                events = iter(self.engine.respond(sid, sampling_params(request.params)))
+            except Exception as exc:
+                self._report(exc)
+                self.done.emit("generate", request.chat_id)
+                continue
+            with self._lock:
+                self._active = _Generation(request, sid, events)
+            QTimer.singleShot(0, self._step)
+
+    def _session_for(self, request) -> str:
+        entry = self._sessions.get(request.chat_id)
+        system = request.system_prompt or None
+        if entry is not None and entry[1] == request.model_id and entry[2] == system:
+            try:
+                self.engine.set_history(entry[0], list(request.turns))
+                return entry[0]
+            except Exception:  # e.g. UnknownSession after an unload: start afresh
+                log.debug("set_history failed; new session", exc_info=True)
+        if entry is not None:
+            self.release_chat(request.chat_id)
+        sid = self.engine.create_session(request.model_id, system_prompt=system, history=list(request.turns))
+        self._sessions[request.chat_id] = (sid, request.model_id, system)
+        return sid
+
+    @Slot()
+    def _step(self) -> None:
+        gen = self._active
+        if gen is None:
+            return
+        chat_id = gen.request.chat_id
+        with self._lock:
+            stop = chat_id in self._stop_requested
+        if stop:
+            try:
+                self.engine.cancel(gen.sid)
+            except Exception:
+                log.debug("cancel", exc_info=True)
+        try:
+            event = next(gen.events)
+        except StopIteration:
+            self._end(gen, {"stop_reason": "cancelled" if stop else "eos"})
+            return
+        except Exception as exc:
+            self._flush(gen)
+            self._report(exc)
+            self._end(gen, None)
+            return
+        text = getattr(event, "text", None)
+        if text is not None and not hasattr(event, "stats"):
+            now = time.perf_counter()
+            if gen.t_first is None:
+                gen.t_first = now
+            gen.tokens += 1
+            gen.buffer.append(text)
+            if now - gen.t_last_emit >= FRAME_S:
+                self._flush(gen)
+            elif not self._flush_timer.isActive():
+                self._flush_timer.start(max(1, int((FRAME_S - (now - gen.t_last_emit)) * 1000)))
+            QTimer.singleShot(0, self._step)
+            return
+        if hasattr(event, "stats"):
+            self._flush(gen)
+            self._end(gen, stats_dict(event.stats))
+            return
+        QTimer.singleShot(0, self._step)   # an event kind this app does not know: skip it
+
+    def _flush_active(self) -> None:
+        if self._active is not None:
+            self._flush(self._active)
+
+    def _flush(self, gen: _Generation) -> None:
+        self._flush_timer.stop()
+        gen.t_last_emit = time.perf_counter()
+        if not gen.buffer:
+            return
+        text = "".join(gen.buffer)
+        gen.buffer.clear()
+        self.token.emit(gen.request.chat_id, text)
+        live = {"tokens": gen.tokens}
+        if gen.t_first is not None:
+            live["ttft_s"] = gen.t_first - gen.t_start
+            span = gen.t_last_emit - gen.t_first
+            if gen.tokens > 1 and span > 0:
+                live["tokens_per_s"] = (gen.tokens - 1) / span
+        self.metrics.emit(gen.request.chat_id, live)
+
+    def _end(self, gen: _Generation, stats: Optional[dict]) -> None:
+        chat_id = gen.request.chat_id
+        with self._lock:
+            self._active = None
+            self._stop_requested.discard(chat_id)
+        self._flush(gen)
+        if stats is not None:
+            self.finished.emit(chat_id, stats)
+        self.done.emit("generate", chat_id)
+        if self._pending:
+            QTimer.singleShot(0, self._start_next)
+
+    @Slot()
+    def shutdown(self) -> None:
+        """Drop the engine in its own thread (frees device memory), then stop the thread."""
+        if self._active is not None:
+            try:
+                self.engine.cancel(self._active.sid)
+            except Exception:
+                pass
+            self._active = None
+        self._pending.clear()
+        engine, self.engine = self.engine, None
+        try:
+            close = getattr(engine, "close", None)
+            if close is not None:
+                close()
+        except Exception:
+            log.debug("engine close", exc_info=True)
+        del engine
+        QThread.currentThread().quit()
+
+
+class EngineClient(QObject):
+    """GUI-thread face of the worker: call its methods, connect to its signals."""
+
+    started = Signal(str, str)
+    done = Signal(str, str)
+    failed = Signal(str, str)
+    ready = Signal(str)
+    progress = Signal(object)
+    inspected = Signal(str, object)
+    memory_planned = Signal(str, object)
+    imported = Signal(object)
+    removed = Signal(str)
+    library_changed = Signal(list)
+    loaded = Signal(object)
+    unloaded = Signal(str)
+    token = Signal(str, str)
+    metrics = Signal(str, object)
+    finished = Signal(str, object)
+
+    # requests, delivered to the worker's slots in its thread (queued)
+    _start_engine = Signal(str, str)
+    _refresh = Signal()
+    _inspect = Signal(str)
+    _plan = Signal(str)
+    _import = Signal(str)
+    _install_default = Signal(bool)
+    _remove = Signal(str)
+    _load = Signal(str)
+    _unload = Signal(str)
+    _generate = Signal(object)
+    _release = Signal(str)
+    _shutdown = Signal()
+
+    SIGNALS = ("started", "done", "failed", "ready", "progress", "inspected", "memory_planned", "imported",
+               "removed", "library_changed", "loaded", "unloaded", "token", "metrics", "finished")
+
+    def __init__(self, engine_factory=None, parent=None):
+        super().__init__(parent)
+        self.thread = QThread()
+        self.thread.setObjectName("hearth-engine")
+        self.worker = EngineWorker(engine_factory)
+        self.worker.moveToThread(self.thread)
+        q = Qt.ConnectionType.QueuedConnection
+        for name in self.SIGNALS:   # re-emitted here, in the GUI thread
+            getattr(self.worker, name).connect(getattr(self, name), q)
+        for request, slot in ((self._start_engine, self.worker.start_engine),
+                              (self._refresh, self.worker.refresh_library),
+                              (self._inspect, self.worker.inspect), (self._plan, self.worker.plan_memory),
+                              (self._import, self.worker.import_path),
+                              (self._install_default, self.worker.install_default),
+                              (self._remove, self.worker.remove), (self._load, self.worker.load),
+                              (self._unload, self.worker.unload), (self._generate, self.worker.generate),
+                              (self._release, self.worker.release_chat),
+                              (self._shutdown, self.worker.shutdown)):
+            request.connect(slot, q)
+        self.busy: dict[str, str] = {}   # op -> key, for ops running now
+        self.started.connect(lambda op, key: self.busy.__setitem__(op, key))
+        self.done.connect(lambda op, key: self.busy.pop(op, None))
+        self.thread.start()
+
+    def start(self, backend: str = "auto", home: Optional[str] = None) -> None:
+        self._start_engine.emit(backend, home or os.environ.get("HEARTH_HOME", ""))
+
+    def refresh_library(self): self._refresh.emit()
+    def inspect(self, key: str): self._inspect.emit(key)
+    def plan_memory(self, key: str): self._plan.emit(key)
+    def import_path(self, path: str): self._import.emit(path)
+    def install_default(self, then_load: bool = True): self._install_default.emit(then_load)
+    def remove(self, model_id: str): self._remove.emit(model_id)
+    def load(self, model_id: str): self._load.emit(model_id)
+    def unload(self, model_id: str): self._unload.emit(model_id)
+    def generate(self, request): self._generate.emit(request)
+    def release_chat(self, chat_id: str): self._release.emit(chat_id)
+
+    # direct, thread-safe: the worker may be busy in a load or a step
+    def cancel_load(self): self.worker.cancel_load()
+    def stop(self, chat_id: str): self.worker.stop(chat_id)
+
+    def shutdown(self, timeout_ms: int = 10000) -> None:
+        if not self.thread.isRunning():
+            return
+        self.worker.cancel_load()
+        active = self.worker._active
+        if active is not None:
+            self.worker.stop(active.request.chat_id)
+        self._shutdown.emit()
+        if not self.thread.wait(timeout_ms):
+            log.warning("engine thread did not stop in %d ms", timeout_ms)
