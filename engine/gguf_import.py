@@ -447,6 +447,12 @@ def import_gguf(gguf_path, out_dir, progress: Optional[ProgressCallback] = None)
     Returns `out_dir`. Raises CheckpointNotFound, CorruptCheckpoint, UnsupportedArchitecture,
     UnsupportedTensorType or ImportFailed; on any failure `out_dir` is left as it was.
     """
+    convert_gguf(gguf_path, out_dir, progress)
+    return Path(out_dir)
+
+
+def convert_gguf(gguf_path, out_dir, progress: Optional[ProgressCallback] = None) -> CheckpointInfo:
+    """`import_gguf`, returning what the GGUF's header said (its CheckpointInfo) instead of the path."""
     gguf_path, out_dir = Path(gguf_path), Path(out_dir)
     reader = _open_reader(gguf_path)
     info = _inspect_reader(gguf_path, reader)
@@ -473,10 +479,10 @@ def import_gguf(gguf_path, out_dir, progress: Optional[ProgressCallback] = None)
         os.replace(tmp, out_dir)
     except BaseException as e:
         shutil.rmtree(tmp, ignore_errors=True)
-        if isinstance(e, (HearthError, KeyboardInterrupt)) or not isinstance(e, Exception):
+        if isinstance(e, HearthError) or not isinstance(e, Exception):
             raise
         raise ImportFailed(f"Importing {gguf_path.name} failed: {e}") from e
-    return out_dir
+    return info
 
 
 def _write_json(path: Path, data: dict) -> None:
