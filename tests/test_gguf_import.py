@@ -104,14 +104,15 @@ def llama_permute(w: np.ndarray, n_head: int) -> np.ndarray:
 
 
 def write_tiny_gguf(path: Path, arch: str = "llama", types: dict | None = None, seed: int = 0) -> dict:
-    """A 1-layer llama GGUF (hidden 64, 4 heads, 2 KV heads, head_dim 16) with a byte-level vocab.
+    """A 1-layer llama GGUF (hidden 256, 4 heads, 2 KV heads, head_dim 64) with a byte-level vocab.
 
     `types` maps a GGUF tensor name to the GGML type to store it as (default F32). Returns the
     Hugging Face-order float32 weights that were written, keyed by GGUF name (q/k un-permuted).
     """
     types = types or {}
     rng = np.random.default_rng(seed)
-    hidden, heads, kv, ffn = 64, 4, 2, 128
+    hidden, heads, kv, ffn = 256, 4, 2, 512
+    hd = hidden // heads
     alphabet = list(_bytes_to_unicode().values())
     tokens = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"] + alphabet + ["he", "ll", "hell", "hello"]
     merges = ["h e", "l l", "he ll", "hell o"]
@@ -119,8 +120,8 @@ def write_tiny_gguf(path: Path, arch: str = "llama", types: dict | None = None, 
     shapes = {
         "token_embd.weight": (vocab, hidden), "output_norm.weight": (hidden,),
         "blk.0.attn_norm.weight": (hidden,), "blk.0.ffn_norm.weight": (hidden,),
-        "blk.0.attn_q.weight": (heads * 16, hidden), "blk.0.attn_k.weight": (kv * 16, hidden),
-        "blk.0.attn_v.weight": (kv * 16, hidden), "blk.0.attn_output.weight": (hidden, heads * 16),
+        "blk.0.attn_q.weight": (heads * hd, hidden), "blk.0.attn_k.weight": (kv * hd, hidden),
+        "blk.0.attn_v.weight": (kv * hd, hidden), "blk.0.attn_output.weight": (hidden, heads * hd),
         "blk.0.ffn_gate.weight": (ffn, hidden), "blk.0.ffn_up.weight": (ffn, hidden),
         "blk.0.ffn_down.weight": (hidden, ffn),
     }
@@ -155,10 +156,14 @@ def write_tiny_gguf(path: Path, arch: str = "llama", types: dict | None = None, 
             w.add_tensor(name, stored)
         elif qtype == Q.F16:
             w.add_tensor(name, stored.astype(np.float16))
-        elif qtype == Q.Q8_1:      # gguf cannot quantize to Q8_1: write bytes of the right size
+        elif qtype in (Q.Q8_1, Q.Q4_K, Q.Q6_K):
+            # gguf cannot quantize to these: write random blocks with small, finite fp16 scales.
             block, size = gguf.GGML_QUANT_SIZES[qtype]
-            raw = np.zeros((shape[0], shape[1] // block * size), dtype=np.uint8)
-            w.add_tensor(name, raw, raw_dtype=qtype)
+            raw = rng.integers(0, 256, (shape[0], shape[1] // block, size), dtype=np.uint8)
+            scale = np.frombuffer(np.float16(0.01).tobytes(), dtype=np.uint8)
+            for at in {Q.Q8_1: (0, 2), Q.Q4_K: (0, 2), Q.Q6_K: (size - 2,)}[qtype]:
+                raw[..., at:at + 2] = scale
+            w.add_tensor(name, raw.reshape(shape[0], -1), raw_dtype=qtype)
         else:
             w.add_tensor(name, gguf.quants.quantize(stored, qtype), raw_dtype=qtype)
     w.write_header_to_file()
@@ -334,27 +339,45 @@ def test_tokenizer_config_carries_chat_template(imported_dir, reader):
 def test_tiny_gguf_types_and_permutation(tmp_path):
     types = {"token_embd.weight": Q.Q8_0, "blk.0.attn_q.weight": Q.F16, "blk.0.attn_k.weight": Q.BF16,
              "blk.0.attn_v.weight": Q.Q4_0, "blk.0.attn_output.weight": Q.Q4_1, "blk.0.ffn_gate.weight": Q.Q5_0,
-             "blk.0.ffn_up.weight": Q.Q5_1, "blk.0.ffn_down.weight": Q.Q8_0}
+             "blk.0.ffn_up.weight": Q.Q4_K, "blk.0.ffn_down.weight": Q.Q6_K, "output_norm.weight": Q.F16}
     src = tmp_path / "tiny.gguf"
     hf = write_tiny_gguf(src, types=types)
     out = import_gguf(src, tmp_path / "tiny")
     reader = gguf.GGUFReader(src)
     config = json.loads((out / "config.json").read_text())
-    assert config["num_attention_heads"] == 4 and config["num_key_value_heads"] == 2 and config["head_dim"] == 16
+    assert config["num_attention_heads"] == 4 and config["num_key_value_heads"] == 2 and config["head_dim"] == 64
     mine = _load_safetensors(out)
+    from engine.gguf_import import hf_tensor_name
     for t in reader.tensors:
-        from engine.gguf_import import hf_tensor_name
-        assert torch.equal(mine[hf_tensor_name(t.name)], _expected_bf16(t, config)), t.name
+        expected = _expected_bf16(t, config)
+        assert torch.isfinite(expected).all(), t.name
+        assert torch.equal(mine[hf_tensor_name(t.name)], expected), t.name
+    assert {t.tensor_type.name for t in reader.tensors} == {
+        "F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q4_K", "Q6_K"}
     # q (F16) and k (BF16) are nearly lossless: the imported rows must be the original HF rows.
     for gguf_name, hf_name in (("blk.0.attn_q.weight", "model.layers.0.self_attn.q_proj.weight"),
                                ("blk.0.attn_k.weight", "model.layers.0.self_attn.k_proj.weight")):
         torch.testing.assert_close(mine[hf_name].float(), torch.from_numpy(hf[gguf_name]), rtol=1e-2, atol=1e-2)
     # and un-permuting is exactly the inverse of llama.cpp's permute
-    x = np.arange(64 * 8, dtype=np.float32).reshape(64, 8)
+    x = np.arange(64 * 8, dtype=np.float32).reshape(64, 8)   # 4 heads of 16 rows
     assert np.array_equal(unpermute_qk(llama_permute(x, 4), 4), x)
     assert not np.array_equal(llama_permute(x, 4), x)
     from tokenizers import Tokenizer
     assert Tokenizer.from_file(str(out / "tokenizer.json")).encode("<|im_start|>hello").ids == [1, 3 + 256 + 3]
+
+
+def test_library_imports_gguf(tmp_path):
+    src = tmp_path / "Tiny Chat.Q8_0.gguf"
+    write_tiny_gguf(src, types={n: Q.Q8_0 for n in ("token_embd.weight", "blk.0.attn_q.weight",
+                                                    "blk.0.ffn_gate.weight", "blk.0.ffn_up.weight",
+                                                    "blk.0.ffn_down.weight")})
+    library = ModelLibrary(tmp_path / "home")
+    m = library.import_path(src)
+    assert (m.id, m.name, m.quantization, m.format) == ("tiny-chat-q8-0", "Tiny Chat.Q8_0", "Q8_0", "gguf")
+    assert m.context_length == 256 and m.architecture == "LlamaForCausalLM"
+    assert library.verify(m.id) and library.resolve(m.id) == Path(m.path)
+    cfg = json.loads((Path(m.path) / "tokenizer_config.json").read_text())
+    assert "<|im_start|>" in cfg["chat_template"]
 
 
 # ---------------------------------------------------------------------------------------------
