@@ -1,9 +1,197 @@
 // Python bindings for engine._native. No math here: argument conversion and calls only.
+// Everything that touches the GPU runs with the GIL released.
+#include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
 
 #include "device_info.h"
 
+#ifdef HEARTH_WITH_CUDA
+#include "runtime/kernel_checks.h"
+#include "runtime/model.h"
+#endif
+
 namespace py = pybind11;
+
+#ifdef HEARTH_WITH_CUDA
+namespace {
+
+PyObject* g_cuda_error = nullptr;
+PyObject* g_out_of_memory = nullptr;
+PyObject* g_cache_full = nullptr;
+
+template <typename T>
+T get(const py::dict& d, const char* key, T fallback) {
+  return d.contains(key) && !d[key].is_none() ? d[key].cast<T>() : fallback;
+}
+
+hearth::ModelConfig model_config(const py::dict& d) {
+  hearth::ModelConfig c;
+  c.layers = d["layers"].cast<int>();
+  c.hidden = d["hidden"].cast<int>();
+  c.heads = d["heads"].cast<int>();
+  c.kv_heads = d["kv_heads"].cast<int>();
+  c.head_dim = d["head_dim"].cast<int>();
+  c.intermediate = d["intermediate"].cast<int>();
+  c.vocab = d["vocab"].cast<int>();
+  c.rms_eps = get<float>(d, "rms_eps", 1e-6f);
+  c.rope_theta = get<double>(d, "rope_theta", 10000.0);
+  c.rope_type = get<std::string>(d, "rope_type", "default");
+  c.rope_factor = get<double>(d, "rope_factor", 1.0);
+  c.rope_low_freq_factor = get<double>(d, "rope_low_freq_factor", 1.0);
+  c.rope_high_freq_factor = get<double>(d, "rope_high_freq_factor", 4.0);
+  c.rope_original_max_positions = get<int>(d, "rope_original_max_positions", 8192);
+  c.tied_embeddings = get<bool>(d, "tied_embeddings", false);
+  c.qkv_bias = get<bool>(d, "qkv_bias", false);
+  c.qk_norm = get<bool>(d, "qk_norm", false);
+  return c;
+}
+
+hearth::CacheConfig cache_config(const py::dict& d) {
+  hearth::CacheConfig c;
+  c.block_size = get<int>(d, "block_size", 16);
+  c.block_count = get<int>(d, "block_count", 0);
+  c.max_sequence_blocks = d["max_sequence_blocks"].cast<int>();
+  c.max_batch = get<int>(d, "max_batch", 8);
+  c.chunk_tokens = get<int>(d, "chunk_tokens", 512);
+  c.reserve_bytes = get<size_t>(d, "reserve_bytes", size_t(1) << 30);
+  return c;
+}
+
+std::vector<hearth::SampleRequest> sample_requests(const py::list& rows) {
+  std::vector<hearth::SampleRequest> out;
+  for (const py::handle& h : rows) {
+    py::dict d = h.cast<py::dict>();
+    hearth::SampleRequest r;
+    r.temperature = d["temperature"].cast<float>();
+    r.top_k = d["top_k"].cast<int>();
+    r.top_p = d["top_p"].cast<float>();
+    r.min_p = d["min_p"].cast<float>();
+    r.repetition_penalty = d["repetition_penalty"].cast<float>();
+    r.seed = d["seed"].cast<uint64_t>();
+    r.step = d["step"].cast<int64_t>();
+    r.history = d["history"].cast<std::vector<int32_t>>();
+    out.push_back(std::move(r));
+  }
+  return out;
+}
+
+void bind_runtime(py::module_& m) {
+  g_cuda_error = PyErr_NewException("engine._native.CudaError", PyExc_RuntimeError, nullptr);
+  g_out_of_memory = PyErr_NewException("engine._native.OutOfMemory", PyExc_MemoryError, nullptr);
+  g_cache_full = PyErr_NewException("engine._native.CacheFull", PyExc_RuntimeError, nullptr);
+  m.attr("CudaError") = py::handle(g_cuda_error);
+  m.attr("OutOfMemory") = py::handle(g_out_of_memory);
+  m.attr("CacheFull") = py::handle(g_cache_full);
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const hearth::DeviceOutOfMemory& e) {
+      py::tuple args = py::make_tuple(e.what(), e.needed, e.free_bytes);
+      PyErr_SetObject(g_out_of_memory, args.ptr());
+    } catch (const hearth::CacheFull& e) {
+      PyErr_SetString(g_cache_full, e.what());
+    } catch (const hearth::CudaError& e) {
+      PyErr_SetString(g_cuda_error, e.what());
+    }
+  });
+
+  py::enum_<hearth::Slot>(m, "Slot")
+      .value("embed", hearth::Slot::Embed).value("final_norm", hearth::Slot::FinalNorm)
+      .value("lm_head", hearth::Slot::LmHead).value("attn_norm", hearth::Slot::AttnNorm)
+      .value("wqkv", hearth::Slot::Wqkv).value("bqkv", hearth::Slot::Bqkv)
+      .value("q_norm", hearth::Slot::QNorm).value("k_norm", hearth::Slot::KNorm)
+      .value("wo", hearth::Slot::Wo).value("mlp_norm", hearth::Slot::MlpNorm)
+      .value("wgu", hearth::Slot::Wgu).value("wdown", hearth::Slot::Wdown);
+
+  using hearth::Model;
+  using release = py::call_guard<py::gil_scoped_release>;
+  py::class_<Model>(m, "Model")
+      .def(py::init([](const py::dict& config, const py::dict& cache) {
+             hearth::ModelConfig c = model_config(config);
+             hearth::CacheConfig k = cache_config(cache);
+             py::gil_scoped_release unlocked;
+             return std::make_unique<Model>(c, k);
+           }),
+           py::arg("config"), py::arg("cache"))
+      .def("load_tensor", &Model::load_tensor, release(), py::arg("slot"), py::arg("layer"),
+           py::arg("path"), py::arg("file_offset"), py::arg("nbytes"), py::arg("dtype"),
+           py::arg("elem_offset"), py::arg("numel"))
+      .def("finish_load", &Model::finish_load, release())
+      .def("allocate_sequence", &Model::allocate_sequence)
+      .def("release_sequence", &Model::release_sequence)
+      .def("length", &Model::length)
+      .def("truncate", &Model::truncate)
+      .def("prefill",
+           [](Model& self, int seq, std::vector<int32_t> tokens) {
+             py::gil_scoped_release unlocked;
+             self.prefill(seq, tokens, nullptr);
+           })
+      .def("score_into",
+           [](Model& self, int seq, std::vector<int32_t> tokens,
+              py::array_t<float, py::array::c_style> out) {
+             if (out.ndim() != 2 || out.shape(0) != (py::ssize_t)tokens.size() ||
+                 out.shape(1) != self.config().vocab)
+               throw std::invalid_argument("score_into: out must be float32 [len(tokens), vocab]");
+             float* dst = out.mutable_data();
+             py::gil_scoped_release unlocked;
+             self.prefill(seq, tokens, dst);
+           })
+      .def("decode", &Model::decode, release())
+      .def("sample",
+           [](Model& self, const py::list& rows) {
+             auto requests = sample_requests(rows);
+             py::gil_scoped_release unlocked;
+             return self.sample(requests);
+           })
+      .def("last_logits",
+           [](Model& self) {
+             py::array_t<float> out({(py::ssize_t)self.logits_rows(), (py::ssize_t)self.config().vocab});
+             float* dst = out.mutable_data();
+             {
+               py::gil_scoped_release unlocked;
+               self.copy_logits(dst);
+             }
+             return out;
+           })
+      .def("memory", [](Model& self) {
+        hearth::MemoryReport r = self.memory();
+        py::dict d;
+        d["weight_bytes"] = r.weight_bytes;
+        d["kv_bytes"] = r.kv_bytes;
+        d["workspace_bytes"] = r.workspace_bytes;
+        d["kv_blocks_free"] = r.free_blocks;
+        d["kv_blocks_total"] = r.total_blocks;
+        d["kv_block_size"] = r.block_size;
+        d["sequences"] = r.sequences;
+        d["gemm_backend"] = r.gemm_backend;
+        return d;
+      });
+
+  m.def("step_uniform", &hearth::step_uniform, py::arg("seed"), py::arg("step"));
+  m.def("cublaslt_available", &hearth::cublaslt_available, release());
+
+  namespace c = hearth::checks;
+  py::module_ k = m.def_submodule("kernels", "Single-kernel entry points on raw device pointers (tests)");
+  k.def("embedding", &c::embedding, release());
+  k.def("rmsnorm_residual", &c::rmsnorm_residual, release());
+  k.def("add_bias", &c::add_bias, release());
+  k.def("head_rmsnorm", &c::head_rmsnorm, release());
+  k.def("rope_inv_freq", [](const py::dict& config) { return c::rope_inv_freq(model_config(config)); });
+  k.def("rope_kv_write", &c::rope_kv_write, release());
+  k.def("paged_attention", &c::paged_attention, release());
+  k.def("swiglu", &c::swiglu, release());
+  k.def("matmul", &c::matmul, release());
+  k.def("convert_to_bf16", &c::convert_to_bf16, release());
+  k.def("sample", [](uintptr_t logits, int rows, int vocab, const py::list& reqs) {
+    auto requests = sample_requests(reqs);
+    py::gil_scoped_release unlocked;
+    return c::sample(logits, rows, vocab, requests);
+  });
+}
+
+}  // namespace
+#endif
 
 PYBIND11_MODULE(_native, m) {
   m.doc() = "Hearth's compiled engine";
@@ -16,6 +204,14 @@ PYBIND11_MODULE(_native, m) {
     out["device_count"] = info.device_count;
     out["reason"] = info.reason;
     out["architectures"] = info.architectures;
+#ifdef HEARTH_WITH_CUDA
+    out["runtime"] = true;
+#else
+    out["runtime"] = false;
+#endif
     return out;
   }, "What the extension was compiled with and how many CUDA devices it sees.");
+#ifdef HEARTH_WITH_CUDA
+  bind_runtime(m);
+#endif
 }

@@ -1,0 +1,285 @@
+"""The cuda-native backend: a ModelRunner over Hearth's compiled engine (engine._native).
+
+Python only orchestrates here: it maps checkpoint tensors onto the engine's fused weight slots,
+reports progress as each tensor lands on the GPU, turns native errors into engine errors, and
+converts sampler states into plain parameters. Every computation (weights conversion, forward pass,
+paged KV cache, sampling) happens in native/src.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+from pathlib import Path
+from typing import Optional, Sequence
+
+import numpy as np
+
+from ..checkpoint import CheckpointInfo
+from ..errors import (BackendUnavailable, ContextOverflow, EngineOutOfMemory, UnknownSession,
+                      UnsupportedArchitecture, UnsupportedTensorType)
+from ..progress import LOADING_WEIGHTS, PREPARING_RUNNER, ByteCounter, ProgressCallback, ProgressEvent
+from ..sampling import SamplerState
+from .base import ModelRunner, RunnerOptions
+
+_DTYPE_CODES = {"BF16": 0, "F16": 1, "F32": 2}
+_SUPPORTED_HEAD_DIMS = (32, 64, 96, 128, 256)
+# Checkpoint role -> (native slot, which part of a fused slot: index into the fused rows)
+_LAYER_ROLES = {
+    "attn_norm": ("attn_norm", None), "mlp_norm": ("mlp_norm", None),
+    "q": ("wqkv", 0), "k": ("wqkv", 1), "v": ("wqkv", 2),
+    "q_bias": ("bqkv", 0), "k_bias": ("bqkv", 1), "v_bias": ("bqkv", 2),
+    "q_norm": ("q_norm", None), "k_norm": ("k_norm", None),
+    "o": ("wo", None), "gate": ("wgu", 0), "up": ("wgu", 1), "down": ("wdown", None),
+}
+_cublas_preloaded = False
+
+
+def _native():
+    from .. import _native  # noqa: WPS433 (import on demand: the extension may be missing)
+
+    return _native
+
+
+def available() -> tuple[bool, str]:
+    """(True, "") when the extension has CUDA compiled in and a device answers; never raises."""
+    try:
+        native = _native()
+    except Exception as exc:  # ImportError, or a broken build
+        return False, f"the compiled engine does not import ({exc})"
+    try:
+        info = native.build_info()
+    except Exception as exc:
+        return False, f"the compiled engine cannot report its build ({exc})"
+    if not info.get("cuda_compiled"):
+        return False, info.get("reason") or "this build has no CUDA code"
+    if not info.get("runtime") or not hasattr(native, "Model"):
+        return False, "this build has no CUDA runtime"
+    if info.get("device_count", 0) < 1:
+        return False, info.get("reason") or "no CUDA device"
+    return True, ""
+
+
+def device_memory() -> tuple[int, int]:
+    """(free, total) bytes of GPU 0, as the CUDA runtime reports them."""
+    import torch  # only for the query; the engine itself does not need torch
+
+    if not torch.cuda.is_available():
+        return 0, 0
+    free, total = torch.cuda.mem_get_info(0)
+    return int(free), int(total)
+
+
+def _preload_cublaslt() -> None:
+    """Load libcublasLt.so.13 from the nvidia-cublas wheel, where installed, so the engine's
+    dlopen by soname finds it; where the toolkit's copy is on the loader path, that one is used."""
+    global _cublas_preloaded
+    if _cublas_preloaded:
+        return
+    _cublas_preloaded = True
+    try:
+        import nvidia  # namespace package of NVIDIA's wheels
+    except ImportError:
+        return
+    for root in getattr(nvidia, "__path__", []):
+        candidate = Path(root) / "cu13" / "lib" / "libcublasLt.so.13"
+        if candidate.exists():
+            try:
+                ctypes.CDLL(str(candidate), mode=getattr(os, "RTLD_GLOBAL", 0))
+            except OSError:
+                pass
+            return
+
+
+def _model_config(info: CheckpointInfo) -> dict:
+    d = info.decoder
+    if d.is_moe:
+        raise UnsupportedArchitecture("The cuda-native backend does not run mixture-of-experts models yet.")
+    if d.head_dim not in _SUPPORTED_HEAD_DIMS:
+        raise UnsupportedArchitecture(f"The cuda-native backend supports head sizes {_SUPPORTED_HEAD_DIMS}, "
+                                      f"not {d.head_dim}.")
+    config = {
+        "layers": d.num_layers, "hidden": d.hidden_size, "heads": d.num_heads,
+        "kv_heads": d.num_kv_heads, "head_dim": d.head_dim, "intermediate": d.intermediate_size,
+        "vocab": d.vocab_size, "rms_eps": float(d.rms_norm_eps), "rope_theta": float(d.rope_theta),
+        "tied_embeddings": "lm_head" not in info.catalog.globals,
+        "qkv_bias": bool(d.attention_bias), "qk_norm": bool(d.qk_norm),
+    }
+    scaling = d.rope_scaling or {}
+    kind = scaling.get("rope_type") or scaling.get("type") or "default"
+    if kind == "llama3":
+        config.update(rope_type="llama3", rope_factor=float(scaling["factor"]),
+                      rope_low_freq_factor=float(scaling["low_freq_factor"]),
+                      rope_high_freq_factor=float(scaling["high_freq_factor"]),
+                      rope_original_max_positions=int(scaling["original_max_position_embeddings"]))
+    elif kind == "linear":
+        config.update(rope_type="linear", rope_factor=float(scaling["factor"]))
+    elif kind != "default":
+        raise UnsupportedArchitecture(f"The cuda-native backend does not implement {kind!r} rope scaling.")
+    return config
+
+
+def _placements(info: CheckpointInfo):
+    """(slot, layer, TensorInfo, element offset) for every tensor the engine loads, fused slots
+    (q/k/v, gate/up) filled part by part."""
+    d = info.decoder
+    cat = info.catalog
+    H, I = d.hidden_size, d.intermediate_size
+    qkv_rows = (d.q_size, d.kv_size, d.kv_size)
+    out = [("embed", -1, cat.globals["embed"], 0), ("final_norm", -1, cat.globals["final_norm"], 0)]
+    if "lm_head" in cat.globals:
+        out.append(("lm_head", -1, cat.globals["lm_head"], 0))
+    for i, entry in enumerate(cat.layers):
+        for role, t in entry.roles.items():
+            if role not in _LAYER_ROLES:
+                continue
+            slot, part = _LAYER_ROLES[role]
+            if slot in ("bqkv", "q_norm", "k_norm") and not (d.attention_bias if slot == "bqkv" else d.qk_norm):
+                continue
+            offset = 0
+            if slot == "wqkv":
+                offset = sum(qkv_rows[:part]) * H
+            elif slot == "bqkv":
+                offset = sum(qkv_rows[:part])
+            elif slot == "wgu":
+                offset = part * I * H
+            out.append((slot, i, t, offset))
+    return out
+
+
+class CudaRunner(ModelRunner):
+    backend_name = "cuda-native"
+
+    def __init__(self, info: CheckpointInfo, options: RunnerOptions,
+                 progress: Optional[ProgressCallback] = None):
+        native = _native()
+        self._native = native
+        self.decoder = info.decoder
+        self.options = options
+        if info.format != "safetensors":
+            raise UnsupportedTensorType("The cuda-native backend loads safetensors checkpoints.")
+        config = _model_config(info)
+        placements = _placements(info)
+        for _, _, t, _ in placements:
+            if t.dtype not in _DTYPE_CODES:
+                raise UnsupportedTensorType(f"The cuda-native backend reads bf16, fp16 and fp32 tensors, "
+                                            f"not {t.dtype} ({t.name}).")
+        block = int(options.kv_block_size)
+        cache = {
+            "block_size": block, "block_count": int(options.kv_blocks),
+            "max_sequence_blocks": -(-int(options.context_length) // block),
+            "max_batch": int(options.max_batch), "chunk_tokens": 512,
+        }
+        _preload_cublaslt()
+        total = sum(p[2].bytes for p in placements)
+        counter = ByteCounter(progress, LOADING_WEIGHTS, total)
+        counter.start("allocating GPU memory")
+        try:
+            self._model = native.Model(config, cache)
+        except native.OutOfMemory as exc:
+            message, needed, free = exc.args
+            raise EngineOutOfMemory(f"Not enough GPU memory for this model: {message}.",
+                                    needed_bytes=int(needed), free_bytes=int(free)) from None
+        try:
+            for slot, layer, t, offset in placements:
+                self._model.load_tensor(getattr(native.Slot, slot), layer, str(Path(info.path) / t.file),
+                                        t.offset, t.bytes, _DTYPE_CODES[t.dtype], offset, t.numel)
+                counter.advance(t.bytes, t.name)
+            self._model.finish_load()
+        except native.OutOfMemory as exc:
+            self._model = None
+            message, needed, free = exc.args
+            raise EngineOutOfMemory(f"Not enough GPU memory for this model: {message}.",
+                                    needed_bytes=int(needed), free_bytes=int(free)) from None
+        except BaseException:
+            self._model = None  # frees every device buffer
+            raise
+        if progress:
+            progress(ProgressEvent(PREPARING_RUNNER, total, total, "weights resident on the GPU"))
+        self._sequences: set[int] = set()
+
+    # ----------------------------------------------------------------------------- helpers
+    def _m(self):
+        if self._model is None:
+            raise BackendUnavailable("This runner was closed.")
+        return self._model
+
+    def _seq(self, seq: int) -> int:
+        if seq not in self._sequences:
+            raise UnknownSession(f"Sequence {seq} does not exist (released or never created).")
+        return seq
+
+    def _call(self, fn, *args):
+        try:
+            return fn(*args)
+        except self._native.CacheFull as exc:
+            raise ContextOverflow(str(exc)) from None
+        except self._native.OutOfMemory as exc:
+            message, needed, free = exc.args
+            raise EngineOutOfMemory(message, needed_bytes=int(needed), free_bytes=int(free)) from None
+
+    # ----------------------------------------------------------------------------- contract
+    def allocate_sequence(self) -> int:
+        seq = self._m().allocate_sequence()
+        self._sequences.add(seq)
+        return seq
+
+    def release_sequence(self, seq: int) -> None:
+        if seq in self._sequences:
+            self._sequences.discard(seq)
+            self._m().release_sequence(seq)
+
+    def length(self, seq: int) -> int:
+        return self._m().length(self._seq(seq))
+
+    def truncate(self, seq: int, length: int) -> None:
+        m = self._m()
+        m.truncate(self._seq(seq), max(0, min(int(length), m.length(seq))))
+
+    def prefill(self, seq: int, token_ids: Sequence[int]) -> None:
+        if not token_ids:
+            raise ValueError("prefill needs at least one token")
+        self._call(self._m().prefill, self._seq(seq), [int(t) for t in token_ids])
+
+    def decode(self, seqs: Sequence[int], token_ids: Sequence[int]) -> None:
+        seqs = [self._seq(s) for s in seqs]
+        self._call(self._m().decode, seqs, [int(t) for t in token_ids])
+
+    def sample(self, states: Sequence[SamplerState]) -> list[int]:
+        rows = []
+        for st in states:
+            p = st.params
+            rows.append({"temperature": float(p.temperature), "top_k": int(p.top_k), "top_p": float(p.top_p),
+                         "min_p": float(p.min_p), "repetition_penalty": float(p.repetition_penalty),
+                         "seed": int(st.seed) & 0xFFFFFFFFFFFFFFFF, "step": int(st.step),
+                         "history": [int(t) for t in st.history] if p.repetition_penalty != 1.0 else []})
+        return [int(t) for t in self._call(self._m().sample, rows)]
+
+    def last_logits(self) -> np.ndarray:
+        return self._m().last_logits()
+
+    def score(self, token_ids: Sequence[int]) -> np.ndarray:
+        ids = [int(t) for t in token_ids]
+        if not ids:
+            return np.zeros((0, self.decoder.vocab_size), dtype=np.float32)
+        out = np.empty((len(ids), self.decoder.vocab_size), dtype=np.float32)
+        seq = self.allocate_sequence()
+        try:
+            self._call(self._m().score_into, seq, ids, out)
+        finally:
+            self.release_sequence(seq)
+        return out
+
+    def memory(self) -> dict:
+        return dict(self._m().memory()) if self._model is not None else {}
+
+    def close(self) -> None:
+        self._sequences.clear()
+        self._model = None  # the native destructor frees weights, KV pool and workspace
+
+
+def load_runner(info: CheckpointInfo, plan, options: RunnerOptions,
+                progress: Optional[ProgressCallback] = None) -> CudaRunner:
+    ok, reason = available()
+    if not ok:
+        raise BackendUnavailable(f"The cuda-native backend cannot run here: {reason}.")
+    return CudaRunner(info, options, progress)

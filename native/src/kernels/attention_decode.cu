@@ -1,0 +1,102 @@
+// Paged decode attention for grouped-query heads: each row is one new token of one sequence,
+// attending to kv_lens[row] cached keys. The keys are split into pieces of `split_len` so a long
+// context spreads over many blocks: pass 1 writes each piece's (max, sum, unnormalized output),
+// pass 2 merges the pieces into out = softmax(q k^T * scale) v, bf16.
+#include "attention_common.cuh"
+
+namespace hearth {
+
+constexpr int kDecodeWarps = 4;
+
+template <int HD>
+__global__ void __launch_bounds__(kDecodeWarps * 32)
+decode_attention_split_kernel(PagedAttention p, int split_len, int max_splits,
+                              float* __restrict__ part_ml, float* __restrict__ part_acc) {
+  const int h = blockIdx.x, row = blockIdx.y, split = blockIdx.z;
+  const int kv_len = p.kv_lens[row];
+  const int start = split * split_len;
+  if (start >= kv_len) return;
+  const int end = min(kv_len, start + split_len);
+  const int kvh = h / (p.heads / p.kv_heads);
+  const int32_t* table = p.block_tables + (size_t)p.row_table[row] * p.max_blocks;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+
+  __shared__ float q_smem[HD];
+  __shared__ float m_smem[kDecodeWarps], l_smem[kDecodeWarps];
+  __shared__ float acc_smem[kDecodeWarps][HD];
+  const float* q = p.q + ((size_t)row * p.heads + h) * HD;
+  for (int i = threadIdx.x; i < HD; i += blockDim.x) q_smem[i] = q[i];
+  __syncthreads();
+
+  SoftmaxState<HD> st;
+  for (int key0 = start + warp * 32; key0 < end; key0 += kDecodeWarps * 32)
+    fold_key_chunk<HD>(st, q_smem, table, p.block_size, p.kv_heads, kvh, p.k_cache, p.v_cache,
+                       key0, min(32, end - key0), p.scale);
+  if (lane == 0) {
+    m_smem[warp] = st.m;
+    l_smem[warp] = st.l;
+  }
+#pragma unroll
+  for (int r = 0; r < HD / 32; ++r) acc_smem[warp][lane + 32 * r] = st.acc[r];
+  __syncthreads();
+
+  float m = -INFINITY;
+  for (int w = 0; w < kDecodeWarps; ++w) m = fmaxf(m, m_smem[w]);
+  const size_t part = ((size_t)row * p.heads + h) * max_splits + split;
+  for (int d = threadIdx.x; d < HD; d += blockDim.x) {
+    float a = 0.f;
+    for (int w = 0; w < kDecodeWarps; ++w)
+      if (l_smem[w] > 0.f) a += acc_smem[w][d] * expf(m_smem[w] - m);
+    part_acc[part * HD + d] = a;
+  }
+  if (threadIdx.x == 0) {
+    float l = 0.f;
+    for (int w = 0; w < kDecodeWarps; ++w)
+      if (l_smem[w] > 0.f) l += l_smem[w] * expf(m_smem[w] - m);
+    part_ml[part * 2] = m;
+    part_ml[part * 2 + 1] = l;
+  }
+}
+
+template <int HD>
+__global__ void decode_attention_merge_kernel(PagedAttention p, int split_len, int max_splits,
+                                              const float* __restrict__ part_ml,
+                                              const float* __restrict__ part_acc) {
+  const int h = blockIdx.x, row = blockIdx.y;
+  const int kv_len = p.kv_lens[row];
+  const int splits = (kv_len + split_len - 1) / split_len;
+  const size_t base = ((size_t)row * p.heads + h) * max_splits;
+  float m = -INFINITY;
+  for (int s = 0; s < splits; ++s) m = fmaxf(m, part_ml[(base + s) * 2]);
+  float l = 0.f;
+  for (int s = 0; s < splits; ++s) l += part_ml[(base + s) * 2 + 1] * expf(part_ml[(base + s) * 2] - m);
+  const float inv = l > 0.f ? 1.f / l : 0.f;
+  bf16* out = p.out + ((size_t)row * p.heads + h) * HD;
+  for (int d = threadIdx.x; d < HD; d += blockDim.x) {
+    float a = 0.f;
+    for (int s = 0; s < splits; ++s)
+      a += part_acc[(base + s) * HD + d] * expf(part_ml[(base + s) * 2] - m);
+    out[d] = __float2bfloat16(a * inv);
+  }
+}
+
+void launch_decode_attention(const PagedAttention& p, int split_len, int max_splits,
+                             float* partial_ml, float* partial_acc, cudaStream_t stream) {
+  HEARTH_REQUIRE(p.rows >= 0 && p.heads > 0 && p.kv_heads > 0 && p.heads % p.kv_heads == 0,
+                 "decode_attention: heads must be a multiple of kv_heads");
+  HEARTH_REQUIRE(split_len > 0 && split_len % 32 == 0 && max_splits > 0,
+                 "decode_attention: split_len must be a positive multiple of 32");
+  if (p.rows == 0) return;
+  dim3 grid(p.heads, p.rows, max_splits);
+  dim3 merge_grid(p.heads, p.rows);
+  HEARTH_DISPATCH_HEAD_DIM(p.head_dim, {
+    decode_attention_split_kernel<HD><<<grid, kDecodeWarps * 32, 0, stream>>>(
+        p, split_len, max_splits, partial_ml, partial_acc);
+    HEARTH_CHECK_LAUNCH("decode_attention_split_kernel");
+    decode_attention_merge_kernel<HD><<<merge_grid, HD, 0, stream>>>(p, split_len, max_splits,
+                                                                     partial_ml, partial_acc);
+    HEARTH_CHECK_LAUNCH("decode_attention_merge_kernel");
+  });
+}
+
+}  // namespace hearth

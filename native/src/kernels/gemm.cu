@@ -1,0 +1,212 @@
+// Matrix product for many rows (prefill, scoring): out[m, n] = sum_k x[m, k] * w[n, k], bf16
+// operands, fp32 accumulation and output. cuBLASLt does the work; it is loaded with dlopen at first
+// use (libcublasLt.so.13), so the extension imports where the library is absent. Without it a
+// plain shared-memory tiled kernel computes the same product, slower.
+#include <dlfcn.h>
+
+#include <cstdlib>
+
+#include <map>
+#include <mutex>
+#include <string>
+#include <tuple>
+
+#include "../common.cuh"
+#include "kernels.h"
+
+#ifdef HEARTH_WITH_CUBLASLT
+#include <cublasLt.h>
+#endif
+
+namespace hearth {
+
+// ---- fallback: tiled kernel, 64x64 output tile, 4x4 per thread ----
+constexpr int kTile = 64, kTileK = 16;
+
+__global__ void __launch_bounds__(256) gemm_tiled_kernel(const bf16* __restrict__ x,
+                                                         const bf16* __restrict__ w,
+                                                         float* __restrict__ out, int m, int n,
+                                                         int k) {
+  __shared__ float xs[kTileK][kTile + 1];
+  __shared__ float ws[kTileK][kTile + 1];
+  const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
+  const int row0 = blockIdx.y * kTile, col0 = blockIdx.x * kTile;
+  float acc[4][4] = {};
+  for (int k0 = 0; k0 < k; k0 += kTileK) {
+    for (int i = threadIdx.x; i < kTile * kTileK; i += blockDim.x) {
+      const int r = i / kTileK, kk = i % kTileK;
+      const int gr = row0 + r, gc = col0 + r, gk = k0 + kk;
+      xs[kk][r] = (gr < m && gk < k) ? __bfloat162float(x[(size_t)gr * k + gk]) : 0.f;
+      ws[kk][r] = (gc < n && gk < k) ? __bfloat162float(w[(size_t)gc * k + gk]) : 0.f;
+    }
+    __syncthreads();
+#pragma unroll
+    for (int kk = 0; kk < kTileK; ++kk) {
+      float a[4], b[4];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) a[i] = xs[kk][ty * 4 + i];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) b[j] = ws[kk][tx * 4 + j];
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) acc[i][j] += a[i] * b[j];
+    }
+    __syncthreads();
+  }
+#pragma unroll
+  for (int i = 0; i < 4; ++i)
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int r = row0 + ty * 4 + i, c = col0 + tx * 4 + j;
+      if (r < m && c < n) out[(size_t)r * n + c] = acc[i][j];
+    }
+}
+
+void launch_gemm_tiled(const bf16* x, const bf16* w, float* out, int rows, int n, int k,
+                       cudaStream_t stream) {
+  HEARTH_REQUIRE(rows >= 0 && n > 0 && k > 0, "gemm: bad shape");
+  if (rows == 0) return;
+  dim3 grid((n + kTile - 1) / kTile, (rows + kTile - 1) / kTile);
+  gemm_tiled_kernel<<<grid, 256, 0, stream>>>(x, w, out, rows, n, k);
+  HEARTH_CHECK_LAUNCH("gemm_tiled_kernel");
+}
+
+#ifdef HEARTH_WITH_CUBLASLT
+namespace {
+
+// The cuBLASLt entry points we use, resolved from the shared library at first use.
+struct LtApi {
+  void* library = nullptr;
+  cublasLtHandle_t handle = nullptr;
+  decltype(&cublasLtCreate) create = nullptr;
+  decltype(&cublasLtMatmulDescCreate) desc_create = nullptr;
+  decltype(&cublasLtMatmulDescDestroy) desc_destroy = nullptr;
+  decltype(&cublasLtMatmulDescSetAttribute) desc_set = nullptr;
+  decltype(&cublasLtMatrixLayoutCreate) layout_create = nullptr;
+  decltype(&cublasLtMatrixLayoutDestroy) layout_destroy = nullptr;
+  decltype(&cublasLtMatmulPreferenceCreate) pref_create = nullptr;
+  decltype(&cublasLtMatmulPreferenceDestroy) pref_destroy = nullptr;
+  decltype(&cublasLtMatmulPreferenceSetAttribute) pref_set = nullptr;
+  decltype(&cublasLtMatmulAlgoGetHeuristic) heuristic = nullptr;
+  decltype(&cublasLtMatmul) matmul = nullptr;
+  bool ok = false;
+};
+
+LtApi load_lt() {
+  LtApi api;
+  std::string toolkit = std::getenv("CUDA_HOME") ? std::getenv("CUDA_HOME") : "/usr/local/cuda";
+  const std::string names[] = {"libcublasLt.so.13", toolkit + "/lib64/libcublasLt.so.13",
+                               "libcublasLt.so"};
+  for (const std::string& name : names) {
+    api.library = dlopen(name.c_str(), RTLD_NOW | RTLD_LOCAL);
+    if (api.library) break;
+  }
+  if (!api.library) return api;
+#define HEARTH_LT_SYM(field, sym)                                               \
+  api.field = reinterpret_cast<decltype(api.field)>(dlsym(api.library, #sym)); \
+  if (!api.field) return api;
+  HEARTH_LT_SYM(create, cublasLtCreate)
+  HEARTH_LT_SYM(desc_create, cublasLtMatmulDescCreate)
+  HEARTH_LT_SYM(desc_destroy, cublasLtMatmulDescDestroy)
+  HEARTH_LT_SYM(desc_set, cublasLtMatmulDescSetAttribute)
+  HEARTH_LT_SYM(layout_create, cublasLtMatrixLayoutCreate)
+  HEARTH_LT_SYM(layout_destroy, cublasLtMatrixLayoutDestroy)
+  HEARTH_LT_SYM(pref_create, cublasLtMatmulPreferenceCreate)
+  HEARTH_LT_SYM(pref_destroy, cublasLtMatmulPreferenceDestroy)
+  HEARTH_LT_SYM(pref_set, cublasLtMatmulPreferenceSetAttribute)
+  HEARTH_LT_SYM(heuristic, cublasLtMatmulAlgoGetHeuristic)
+  HEARTH_LT_SYM(matmul, cublasLtMatmul)
+#undef HEARTH_LT_SYM
+  if (api.create(&api.handle) != CUBLAS_STATUS_SUCCESS) return api;
+  api.ok = true;
+  return api;
+}
+
+LtApi& lt() {
+  static LtApi api = load_lt();  // thread-safe one-time initialization
+  return api;
+}
+
+void check_lt(cublasStatus_t status, const char* op) {
+  if (status != CUBLAS_STATUS_SUCCESS)
+    throw CudaError(std::string("cuBLASLt error in ") + op + ": status " +
+                    std::to_string((int)status));
+}
+
+// One product shape's descriptors and chosen algorithm, kept for reuse.
+struct LtPlan {
+  cublasLtMatmulDesc_t desc = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
+  cublasLtMatmulAlgo_t algo{};
+  size_t workspace = 0;
+};
+
+std::mutex plan_mutex;
+std::map<std::tuple<int, int, int, size_t>, LtPlan> plans;
+
+const LtPlan& lt_plan(int m, int n, int k, size_t workspace_bytes) {
+  std::lock_guard<std::mutex> guard(plan_mutex);
+  auto key = std::make_tuple(m, n, k, workspace_bytes);
+  auto it = plans.find(key);
+  if (it != plans.end()) return it->second;
+  LtApi& api = lt();
+  LtPlan plan;
+  // Column-major view: out^T [n, m] = w [k, n]^T * x^T [k, m].
+  check_lt(api.desc_create(&plan.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F), "MatmulDescCreate");
+  cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+  check_lt(api.desc_set(plan.desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)), "DescSetAttribute");
+  check_lt(api.desc_set(plan.desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)), "DescSetAttribute");
+  check_lt(api.layout_create(&plan.a, CUDA_R_16BF, k, n, k), "MatrixLayoutCreate");
+  check_lt(api.layout_create(&plan.b, CUDA_R_16BF, k, m, k), "MatrixLayoutCreate");
+  check_lt(api.layout_create(&plan.c, CUDA_R_32F, n, m, n), "MatrixLayoutCreate");
+  cublasLtMatmulPreference_t pref = nullptr;
+  check_lt(api.pref_create(&pref), "MatmulPreferenceCreate");
+  check_lt(api.pref_set(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace_bytes,
+                        sizeof(workspace_bytes)), "PreferenceSetAttribute");
+  cublasLtMatmulHeuristicResult_t result{};
+  int found = 0;
+  cublasStatus_t status = api.heuristic(api.handle, plan.desc, plan.a, plan.b, plan.c, plan.c,
+                                        pref, 1, &result, &found);
+  api.pref_destroy(pref);
+  check_lt(status, "MatmulAlgoGetHeuristic");
+  if (found == 0) throw CudaError("cuBLASLt found no algorithm for a bf16 product");
+  plan.algo = result.algo;
+  plan.workspace = result.workspaceSize;
+  return plans.emplace(key, plan).first->second;
+}
+
+}  // namespace
+#endif
+
+bool cublaslt_available() {
+#ifdef HEARTH_WITH_CUBLASLT
+  return lt().ok;
+#else
+  return false;
+#endif
+}
+
+const char* gemm_backend_name() {
+  return cublaslt_available() ? "cublasLt" : "tiled";
+}
+
+void launch_gemm(const bf16* x, const bf16* w, float* out, int rows, int n, int k,
+                 void* workspace, size_t workspace_bytes, cudaStream_t stream) {
+  HEARTH_REQUIRE(rows >= 0 && n > 0 && k > 0, "gemm: bad shape");
+  if (rows == 0) return;
+#ifdef HEARTH_WITH_CUBLASLT
+  if (cublaslt_available()) {
+    if (!workspace) workspace_bytes = 0;
+    const LtPlan& plan = lt_plan(rows, n, k, workspace_bytes);
+    const float alpha = 1.f, beta = 0.f;
+    check_lt(lt().matmul(lt().handle, plan.desc, &alpha, w, plan.a, x, plan.b, &beta, out, plan.c,
+                         out, plan.c, &plan.algo, workspace, workspace_bytes, stream),
+             "Matmul");
+    return;
+  }
+#endif
+  launch_gemm_tiled(x, w, out, rows, n, k, stream);
+}
+
+}  // namespace hearth

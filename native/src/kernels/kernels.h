@@ -1,0 +1,92 @@
+// Launchers of every kernel family, one .cu file each. Host code (the runtime, tests through the
+// bindings) calls these; each checks its arguments, launches on `stream` and checks the launch.
+// Layouts are row-major. bf16 = __nv_bfloat16; activations between ops are fp32 unless noted.
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace hearth {
+using bf16 = __nv_bfloat16;
+
+// embedding.cu: out[t, :] = float(table[ids[t], :]).
+void launch_embedding(const int32_t* ids, int tokens, const bf16* table, int vocab, int hidden,
+                      float* out, cudaStream_t stream);
+
+// rmsnorm.cu: residual += delta (when delta != nullptr), then
+// out = bf16(residual * rsqrt(mean(residual^2) + eps) * weight), per row.
+void launch_rmsnorm_residual(float* residual, const float* delta, const bf16* weight, bf16* out,
+                             int rows, int hidden, float eps, cudaStream_t stream);
+
+// bias.cu: x[r, c] += bias[c] for x [rows, cols].
+void launch_add_bias(float* x, const bf16* bias, int rows, int cols, cudaStream_t stream);
+
+// qk_norm.cu: in place, per row and head: x[r, col0 + h*hd : +hd] RMS-normalized times weight[hd].
+void launch_head_rmsnorm(float* x, int rows, int row_stride, int col0, int heads, int head_dim,
+                         const bf16* weight, float eps, cudaStream_t stream);
+
+// rope_kv.cu: rotary embedding (rotate-half convention) of q and k from the fused qkv rows
+// [tokens, (H + 2*KV)*hd]; q goes to q_out [tokens, H*hd] (fp32); k and v go to the paged cache at
+// slot slots[t] (cache layout [slot, KV, hd] bf16). inv_freq has hd/2 entries.
+void launch_rope_kv_write(const float* qkv, int tokens, int heads, int kv_heads, int head_dim,
+                          const int32_t* positions, const int32_t* slots, const float* inv_freq,
+                          float* q_out, bf16* k_cache, bf16* v_cache, cudaStream_t stream);
+
+// Paged attention. q [rows, H*hd] fp32; caches [slot, KV, hd] bf16; block_tables [tables, max_blocks]
+// (physical block ids); row_table[r] picks a row's table; kv_lens[r] keys visible to row r
+// (causal: its position + 1). out [rows, H*hd] bf16.
+struct PagedAttention {
+  const float* q;
+  const bf16* k_cache;
+  const bf16* v_cache;
+  const int32_t* block_tables;
+  const int32_t* row_table;
+  const int32_t* kv_lens;
+  bf16* out;
+  int rows, heads, kv_heads, head_dim, block_size, max_blocks;
+  float scale;
+};
+
+// attention_decode.cu: one query per row, split along the keys in `split_len` pieces
+// (partials: [rows, heads, max_splits] m and l, [rows, heads, max_splits, hd] acc), then merged.
+void launch_decode_attention(const PagedAttention& p, int split_len, int max_splits,
+                             float* partial_ml, float* partial_acc, cudaStream_t stream);
+
+// attention_prefill.cu: many queries (a prompt chunk) attending causally to the paged cache.
+void launch_prefill_attention(const PagedAttention& p, cudaStream_t stream);
+
+// swiglu.cu: gate_up [rows, 2*inter] (gate first) -> out bf16 [rows, inter] = silu(gate) * up.
+void launch_swiglu(const float* gate_up, bf16* out, int rows, int inter, cudaStream_t stream);
+
+// gemv.cu: out [rows, n] fp32 = x [rows, k] bf16 @ w [n, k]^T bf16, rows <= kGemvMaxRows.
+constexpr int kGemvMaxRows = 8;
+void launch_gemv(const bf16* x, const bf16* w, float* out, int rows, int n, int k,
+                 cudaStream_t stream);
+
+// gemm.cu: the same product for many rows, through cuBLASLt (loaded at first use) or, where the
+// library cannot be loaded, a tiled kernel. `workspace` may be null.
+void launch_gemm(const bf16* x, const bf16* w, float* out, int rows, int n, int k,
+                 void* workspace, size_t workspace_bytes, cudaStream_t stream);
+void launch_gemm_tiled(const bf16* x, const bf16* w, float* out, int rows, int n, int k,
+                       cudaStream_t stream);
+bool cublaslt_available();      // tries to load libcublasLt once
+const char* gemm_backend_name();
+
+// convert.cu: dst[i] = bf16(src[i]) from fp16 (src_dtype 1) or fp32 (src_dtype 2).
+void launch_convert_to_bf16(const void* src, int src_dtype, bf16* dst, int64_t count,
+                            cudaStream_t stream);
+
+// sampling.cu: one token per row of logits [rows, vocab] after repetition penalty, temperature,
+// top-k, top-p, min-p (engine/sampling.py's order and meaning), drawn with the given uniform.
+struct SampleRow {
+  float temperature, top_p, min_p, penalty;
+  int top_k;
+  int greedy;
+  int hist_offset, hist_count;  // distinct token ids in `history` the penalty applies to
+  double uniform;               // in [0, 1)
+};
+void launch_sample(const float* logits, int rows, int vocab, const SampleRow* params,
+                   const int32_t* history, float* work, int32_t* tokens, cudaStream_t stream);
+
+}  // namespace hearth

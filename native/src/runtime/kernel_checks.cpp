@@ -1,0 +1,115 @@
+// Kernel test entry points: pointer casts, one launcher, a synchronize. No math.
+#include "kernel_checks.h"
+
+#include "device_memory.h"
+
+namespace hearth::checks {
+
+namespace {
+template <typename T> T* P(uintptr_t p) { return reinterpret_cast<T*>(p); }
+void sync() { HEARTH_CUDA(cudaDeviceSynchronize()); }
+}  // namespace
+
+void embedding(uintptr_t ids, int tokens, uintptr_t table, int vocab, int hidden, uintptr_t out) {
+  launch_embedding(P<const int32_t>(ids), tokens, P<const bf16>(table), vocab, hidden, P<float>(out), 0);
+  sync();
+}
+
+void rmsnorm_residual(uintptr_t residual, uintptr_t delta, uintptr_t weight, uintptr_t out,
+                      int rows, int hidden, float eps) {
+  launch_rmsnorm_residual(P<float>(residual), P<const float>(delta), P<const bf16>(weight),
+                          P<bf16>(out), rows, hidden, eps, 0);
+  sync();
+}
+
+void add_bias(uintptr_t x, uintptr_t bias, int rows, int cols) {
+  launch_add_bias(P<float>(x), P<const bf16>(bias), rows, cols, 0);
+  sync();
+}
+
+void head_rmsnorm(uintptr_t x, int rows, int row_stride, int col0, int heads, int head_dim,
+                  uintptr_t weight, float eps) {
+  launch_head_rmsnorm(P<float>(x), rows, row_stride, col0, heads, head_dim, P<const bf16>(weight), eps, 0);
+  sync();
+}
+
+std::vector<float> rope_inv_freq(const ModelConfig& config) { return hearth::rope_inv_freq(config); }
+
+void rope_kv_write(uintptr_t qkv, int tokens, int heads, int kv_heads, int head_dim,
+                   uintptr_t positions, uintptr_t slots, uintptr_t inv_freq, uintptr_t q_out,
+                   uintptr_t k_cache, uintptr_t v_cache) {
+  launch_rope_kv_write(P<const float>(qkv), tokens, heads, kv_heads, head_dim,
+                       P<const int32_t>(positions), P<const int32_t>(slots),
+                       P<const float>(inv_freq), P<float>(q_out), P<bf16>(k_cache),
+                       P<bf16>(v_cache), 0);
+  sync();
+}
+
+void paged_attention(const std::string& mode, uintptr_t q, uintptr_t k_cache, uintptr_t v_cache,
+                     uintptr_t block_tables, uintptr_t row_table, uintptr_t kv_lens, uintptr_t out,
+                     int rows, int heads, int kv_heads, int head_dim, int block_size,
+                     int max_blocks, float scale, int split_len) {
+  PagedAttention p{P<const float>(q), P<const bf16>(k_cache), P<const bf16>(v_cache),
+                   P<const int32_t>(block_tables), P<const int32_t>(row_table),
+                   P<const int32_t>(kv_lens), P<bf16>(out), rows, heads, kv_heads, head_dim,
+                   block_size, max_blocks, scale};
+  if (mode == "prefill") {
+    launch_prefill_attention(p, 0);
+  } else if (mode == "decode") {
+    const int max_splits = 64;
+    DeviceBuffer ml((size_t)rows * heads * max_splits * 2 * 4, "attention partials");
+    DeviceBuffer acc((size_t)rows * heads * max_splits * head_dim * 4, "attention partials");
+    launch_decode_attention(p, split_len, max_splits, ml.as<float>(), acc.as<float>(), 0);
+    sync();
+  } else {
+    throw std::invalid_argument("paged_attention: mode must be decode or prefill");
+  }
+  sync();
+}
+
+void swiglu(uintptr_t gate_up, uintptr_t out, int rows, int inter) {
+  launch_swiglu(P<const float>(gate_up), P<bf16>(out), rows, inter, 0);
+  sync();
+}
+
+void matmul(const std::string& path, uintptr_t x, uintptr_t w, uintptr_t out, int rows, int n, int k) {
+  if (path == "gemv") {
+    launch_gemv(P<const bf16>(x), P<const bf16>(w), P<float>(out), rows, n, k, 0);
+  } else if (path == "gemm") {
+    DeviceBuffer ws(32u << 20, "cuBLASLt workspace");
+    launch_gemm(P<const bf16>(x), P<const bf16>(w), P<float>(out), rows, n, k, ws.get(), ws.bytes(), 0);
+    sync();
+  } else if (path == "tiled") {
+    launch_gemm_tiled(P<const bf16>(x), P<const bf16>(w), P<float>(out), rows, n, k, 0);
+  } else {
+    throw std::invalid_argument("matmul: path must be gemv, gemm or tiled");
+  }
+  sync();
+}
+
+void convert_to_bf16(uintptr_t src, int src_dtype, uintptr_t dst, int64_t count) {
+  launch_convert_to_bf16(P<const void>(src), src_dtype, P<bf16>(dst), count, 0);
+  sync();
+}
+
+std::vector<int32_t> sample(uintptr_t logits, int rows, int vocab,
+                            const std::vector<SampleRequest>& requests) {
+  HEARTH_REQUIRE((int)requests.size() == rows, "sample: one request per row");
+  std::vector<SampleRow> params;
+  std::vector<int32_t> history;
+  build_sample_rows(requests, vocab, &params, &history);
+  DeviceBuffer d_params(rows * sizeof(SampleRow), "sampler");
+  DeviceBuffer d_hist(std::max<size_t>(history.size() * 4, 4), "sampler");
+  DeviceBuffer d_work((size_t)rows * vocab * 4, "sampler");
+  DeviceBuffer d_tokens((size_t)rows * 4, "sampler");
+  HEARTH_CUDA(cudaMemcpy(d_params.get(), params.data(), rows * sizeof(SampleRow), cudaMemcpyHostToDevice));
+  if (!history.empty())
+    HEARTH_CUDA(cudaMemcpy(d_hist.get(), history.data(), history.size() * 4, cudaMemcpyHostToDevice));
+  launch_sample(P<const float>(logits), rows, vocab, d_params.as<SampleRow>(),
+                d_hist.as<int32_t>(), d_work.as<float>(), d_tokens.as<int32_t>(), 0);
+  std::vector<int32_t> out(rows);
+  HEARTH_CUDA(cudaMemcpy(out.data(), d_tokens.get(), rows * 4, cudaMemcpyDeviceToHost));
+  return out;
+}
+
+}  // namespace hearth::checks

@@ -1,0 +1,34 @@
+// Entry points for the kernel tests: each runs one launcher on device pointers the caller owns
+// (torch tensors' data_ptr()), on the default stream, then synchronizes so faults surface here.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "model.h"
+
+namespace hearth::checks {
+
+void embedding(uintptr_t ids, int tokens, uintptr_t table, int vocab, int hidden, uintptr_t out);
+void rmsnorm_residual(uintptr_t residual, uintptr_t delta, uintptr_t weight, uintptr_t out,
+                      int rows, int hidden, float eps);
+void add_bias(uintptr_t x, uintptr_t bias, int rows, int cols);
+void head_rmsnorm(uintptr_t x, int rows, int row_stride, int col0, int heads, int head_dim,
+                  uintptr_t weight, float eps);
+std::vector<float> rope_inv_freq(const ModelConfig& config);
+void rope_kv_write(uintptr_t qkv, int tokens, int heads, int kv_heads, int head_dim,
+                   uintptr_t positions, uintptr_t slots, uintptr_t inv_freq, uintptr_t q_out,
+                   uintptr_t k_cache, uintptr_t v_cache);
+// mode "decode" (split along the keys, split_len) or "prefill".
+void paged_attention(const std::string& mode, uintptr_t q, uintptr_t k_cache, uintptr_t v_cache,
+                     uintptr_t block_tables, uintptr_t row_table, uintptr_t kv_lens, uintptr_t out,
+                     int rows, int heads, int kv_heads, int head_dim, int block_size,
+                     int max_blocks, float scale, int split_len);
+void swiglu(uintptr_t gate_up, uintptr_t out, int rows, int inter);
+// path "gemv", "gemm" (cuBLASLt when loadable) or "tiled".
+void matmul(const std::string& path, uintptr_t x, uintptr_t w, uintptr_t out, int rows, int n, int k);
+void convert_to_bf16(uintptr_t src, int src_dtype, uintptr_t dst, int64_t count);
+std::vector<int32_t> sample(uintptr_t logits, int rows, int vocab,
+                            const std::vector<SampleRequest>& requests);
+
+}  // namespace hearth::checks

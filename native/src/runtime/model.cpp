@@ -1,0 +1,502 @@
+// The resident model: memory plan, weight loading through pinned staging, the forward pass
+// (embedding -> per layer: norm, fused qkv, [bias], [q/k norm], rope + cache write, paged
+// attention, o-proj, norm, fused gate/up, SwiGLU, down -> final norm -> logits) and sampling.
+#include "model.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <set>
+
+namespace hearth {
+
+namespace {
+
+size_t align_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
+
+size_t dtype_size(int dtype) {
+  switch (dtype) {
+    case 0: case 1: return 2;
+    case 2: return 4;
+  }
+  throw std::invalid_argument("tensor dtype must be bf16 (0), fp16 (1) or fp32 (2)");
+}
+
+}  // namespace
+
+// Inverse frequencies of the rotary embedding, with Llama-3 or linear scaling.
+std::vector<float> rope_inv_freq(const ModelConfig& c) {
+  const int half = c.head_dim / 2;
+  std::vector<float> inv(half);
+  for (int i = 0; i < half; ++i) {
+    const float e = (float)(2 * i) / (float)c.head_dim;
+    inv[i] = 1.0f / std::pow((float)c.rope_theta, e);
+  }
+  if (c.rope_type == "linear") {
+    for (float& f : inv) f = (float)(f / c.rope_factor);
+  } else if (c.rope_type == "llama3") {
+    const double old_ctx = c.rope_original_max_positions;
+    const double low_wavelen = old_ctx / c.rope_low_freq_factor;
+    const double high_wavelen = old_ctx / c.rope_high_freq_factor;
+    for (float& f : inv) {
+      const double freq = f;
+      const double wavelen = 2.0 * M_PI / freq;
+      double out = wavelen > low_wavelen ? freq / c.rope_factor : freq;
+      if (!(wavelen < high_wavelen) && !(wavelen > low_wavelen)) {
+        const double smooth = (old_ctx / wavelen - c.rope_low_freq_factor) /
+                              (c.rope_high_freq_factor - c.rope_low_freq_factor);
+        out = (1.0 - smooth) * out / c.rope_factor + smooth * out;
+      }
+      f = (float)out;
+    }
+  } else if (c.rope_type != "default") {
+    throw std::invalid_argument("unsupported rope scaling type: " + c.rope_type);
+  }
+  return inv;
+}
+
+double step_uniform(uint64_t seed, int64_t step) {
+  uint64_t z = seed * 0x9E3779B97F4A7C15ull + (uint64_t)(step + 1) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  z ^= z >> 31;
+  return (double)(z >> 11) / (double)(1ull << 53);
+}
+
+void build_sample_rows(const std::vector<SampleRequest>& rows, int vocab,
+                       std::vector<SampleRow>* params, std::vector<int32_t>* history) {
+  params->assign(rows.size(), SampleRow{});
+  history->clear();
+  for (size_t r = 0; r < rows.size(); ++r) {
+    const SampleRequest& q = rows[r];
+    SampleRow& p = (*params)[r];
+    p.temperature = q.temperature;
+    p.top_k = q.top_k;
+    p.top_p = q.top_p;
+    p.min_p = q.min_p;
+    p.penalty = q.repetition_penalty;
+    p.greedy = q.temperature == 0.f || q.top_k == 1;
+    p.uniform = step_uniform(q.seed, q.step);
+    p.hist_offset = (int)history->size();
+    if (q.repetition_penalty != 1.f) {
+      std::set<int32_t> seen;
+      for (int32_t t : q.history)
+        if (t >= 0 && t < vocab) seen.insert(t);
+      history->insert(history->end(), seen.begin(), seen.end());
+    }
+    p.hist_count = (int)history->size() - p.hist_offset;
+  }
+}
+
+Model::Model(const ModelConfig& config, const CacheConfig& cache) : cfg_(config), cache_(cache) {
+  HEARTH_REQUIRE(cfg_.layers > 0 && cfg_.hidden > 0 && cfg_.heads > 0 && cfg_.kv_heads > 0 &&
+                 cfg_.head_dim > 0 && cfg_.intermediate > 0 && cfg_.vocab > 0,
+                 "model config: sizes must be positive");
+  HEARTH_REQUIRE(cfg_.heads % cfg_.kv_heads == 0, "model config: heads must be a multiple of kv_heads");
+  HEARTH_REQUIRE(cfg_.head_dim == 32 || cfg_.head_dim == 64 || cfg_.head_dim == 96 || cfg_.head_dim == 128 ||
+                 cfg_.head_dim == 256, "head_dim must be 32, 64, 96, 128 or 256");
+  HEARTH_REQUIRE(cache_.max_sequence_blocks > 0 && cache_.block_size > 0 && cache_.max_batch > 0 &&
+                 cache_.max_batch <= kGemvMaxRows * 64, "cache config: bad sizes");
+  q_size_ = cfg_.heads * cfg_.head_dim;
+  kv_size_ = cfg_.kv_heads * cfg_.head_dim;
+  qkv_size_ = q_size_ + 2 * kv_size_;
+  chunk_ = std::max(cache_.chunk_tokens, cache_.max_batch);
+  HEARTH_CUDA(cudaSetDevice(0));
+  plan_memory();
+}
+
+Model::~Model() {
+  for (auto& kv : maps_) munmap(kv.second.data, kv.second.size);
+  for (cudaEvent_t e : staged_)
+    if (e) cudaEventDestroy(e);
+  if (meta_done_) cudaEventDestroy(meta_done_);
+  if (stream_) {
+    cudaStreamSynchronize(stream_);
+    cudaStreamDestroy(stream_);
+  }
+}
+
+void Model::plan_memory() {
+  const size_t H = cfg_.hidden, I = cfg_.intermediate, V = cfg_.vocab, L = cfg_.layers;
+  const size_t hd = cfg_.head_dim;
+  // Weights, in bf16 elements, each piece aligned to 128 elements (256 bytes).
+  auto a = [](size_t n) { return align_up(n, 128); };
+  const size_t layer_elems = a(H) + a(qkv_size_ * H) + (cfg_.qkv_bias ? a(qkv_size_) : 0) +
+                             (cfg_.qk_norm ? 2 * a(hd) : 0) + a(H * q_size_) + a(H) +
+                             a(2 * I * H) + a(H * I);
+  const size_t weight_elems = a(V * H) + a(H) + (cfg_.tied_embeddings ? 0 : a(V * H)) + L * layer_elems;
+  const size_t weight_bytes = weight_elems * 2;
+
+  // Workspace, in bytes.
+  const size_t C = chunk_, B = cache_.max_batch;
+  const size_t xn_width = std::max({H, (size_t)q_size_, I});
+  std::vector<size_t> parts = {
+      C * H * 4, C * H * 4, C * xn_width * 2, C * qkv_size_ * 4, C * q_size_ * 4,
+      C * 2 * I * 4, C * V * 4,
+      B * cfg_.heads * kMaxSplits * 2 * 4, B * cfg_.heads * kMaxSplits * hd * 4,
+      B * V * 4, hd / 2 * 4, B * sizeof(SampleRow), B * 4,
+      (5 * C + std::max<size_t>(B, 1) * cache_.max_sequence_blocks) * 4, lt_workspace_bytes_};
+  size_t workspace_bytes = 0;
+  for (size_t& p : parts) p = align_up(p, 256), workspace_bytes += p;
+
+  const size_t block_bytes = 2 * L * cache_.block_size * kv_size_ * 2;
+  size_t free_b = 0, total_b = 0;
+  HEARTH_CUDA(cudaMemGetInfo(&free_b, &total_b));
+  int blocks = cache_.block_count;
+  if (blocks <= 0) {
+    const size_t fixed = weight_bytes + workspace_bytes + cache_.reserve_bytes;
+    const size_t want = (size_t)cache_.max_batch * cache_.max_sequence_blocks;
+    const size_t fit = free_b > fixed ? (size_t)((free_b - fixed) * 0.9) / block_bytes : 0;
+    blocks = (int)std::min(want, fit);
+    if (blocks < 1) blocks = cache_.max_sequence_blocks;  // let the check below report it
+  }
+  const size_t kv_bytes = (size_t)blocks * block_bytes;
+  const size_t needed = weight_bytes + workspace_bytes + kv_bytes;
+  if (needed > free_b)
+    throw DeviceOutOfMemory("not enough GPU memory to load this model: " + std::to_string(needed) +
+                                " bytes needed (weights " + std::to_string(weight_bytes) +
+                                ", KV cache " + std::to_string(kv_bytes) + ", workspace " +
+                                std::to_string(workspace_bytes) + "), " + std::to_string(free_b) +
+                                " free",
+                            needed, free_b);
+
+  weights_ = DeviceBuffer(weight_bytes, "weights");
+  kv_ = DeviceBuffer(kv_bytes, "KV cache");
+  workspace_ = DeviceBuffer(workspace_bytes, "workspace");
+  pool_ = std::make_unique<KvPool>(blocks, cache_.block_size, cache_.max_sequence_blocks);
+  kv_layer_elems_ = (size_t)blocks * cache_.block_size * kv_size_;
+
+  bf16* w = weights_.as<bf16>();
+  auto take = [&](size_t n) { bf16* p = w; w += a(n); return p; };
+  embed_ = take(V * H);
+  final_norm_ = take(H);
+  lm_head_ = cfg_.tied_embeddings ? embed_ : take(V * H);
+  layers_.resize(L);
+  for (auto& lw : layers_) {
+    lw.attn_norm = take(H);
+    lw.wqkv = take(qkv_size_ * H);
+    lw.bqkv = cfg_.qkv_bias ? take(qkv_size_) : nullptr;
+    lw.q_norm = cfg_.qk_norm ? take(hd) : nullptr;
+    lw.k_norm = cfg_.qk_norm ? take(hd) : nullptr;
+    lw.wo = take(H * q_size_);
+    lw.mlp_norm = take(H);
+    lw.wgu = take(2 * I * H);
+    lw.wdown = take(H * I);
+  }
+
+  char* p = workspace_.as<char>();
+  size_t i = 0;
+  auto next = [&]() { char* r = p; p += parts[i++]; return r; };
+  resid_ = reinterpret_cast<float*>(next());
+  delta_ = reinterpret_cast<float*>(next());
+  xn_ = reinterpret_cast<bf16*>(next());
+  qkv_ = reinterpret_cast<float*>(next());
+  q_ = reinterpret_cast<float*>(next());
+  gate_up_ = reinterpret_cast<float*>(next());
+  logits_ = reinterpret_cast<float*>(next());
+  part_ml_ = reinterpret_cast<float*>(next());
+  part_acc_ = reinterpret_cast<float*>(next());
+  sample_work_ = reinterpret_cast<float*>(next());
+  inv_freq_ = reinterpret_cast<float*>(next());
+  sample_params_ = reinterpret_cast<SampleRow*>(next());
+  tokens_ = reinterpret_cast<int32_t*>(next());
+  meta_ = reinterpret_cast<int32_t*>(next());
+  meta_ints_ = parts[i - 1] / 4;
+  lt_workspace_ = next();
+
+  HEARTH_CUDA(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  HEARTH_CUDA(cudaEventCreateWithFlags(&meta_done_, cudaEventDisableTiming));
+  meta_host_ = PinnedBuffer(meta_ints_ * 4);
+  token_host_ = PinnedBuffer(B * 4);
+  const std::vector<float> inv = rope_inv_freq(cfg_);
+  HEARTH_CUDA(cudaMemcpy(inv_freq_, inv.data(), inv.size() * 4, cudaMemcpyHostToDevice));
+}
+
+bf16* Model::slot_pointer(Slot slot, int layer, int64_t* numel) {
+  const int64_t H = cfg_.hidden, I = cfg_.intermediate, V = cfg_.vocab, hd = cfg_.head_dim;
+  auto global = [&](bf16* p, int64_t n) { *numel = n; return p; };
+  if (slot == Slot::Embed) return global(embed_, V * H);
+  if (slot == Slot::FinalNorm) return global(final_norm_, H);
+  if (slot == Slot::LmHead) {
+    HEARTH_REQUIRE(!cfg_.tied_embeddings, "lm_head given for a model with tied embeddings");
+    return global(lm_head_, V * H);
+  }
+  HEARTH_REQUIRE(layer >= 0 && layer < cfg_.layers, "layer index out of range");
+  LayerWeights& lw = layers_[layer];
+  bf16* p = nullptr;
+  switch (slot) {
+    case Slot::AttnNorm: p = lw.attn_norm; *numel = H; break;
+    case Slot::Wqkv: p = lw.wqkv; *numel = qkv_size_ * H; break;
+    case Slot::Bqkv: p = lw.bqkv; *numel = qkv_size_; break;
+    case Slot::QNorm: p = lw.q_norm; *numel = hd; break;
+    case Slot::KNorm: p = lw.k_norm; *numel = hd; break;
+    case Slot::Wo: p = lw.wo; *numel = H * q_size_; break;
+    case Slot::MlpNorm: p = lw.mlp_norm; *numel = H; break;
+    case Slot::Wgu: p = lw.wgu; *numel = 2 * I * H; break;
+    case Slot::Wdown: p = lw.wdown; *numel = H * I; break;
+    default: break;
+  }
+  HEARTH_REQUIRE(p != nullptr, "this model has no such weight (bias or q/k norm not configured)");
+  return p;
+}
+
+void Model::load_tensor(Slot slot, int layer, const std::string& path, int64_t file_offset,
+                        int64_t nbytes, int dtype, int64_t elem_offset, int64_t numel) {
+  int64_t capacity = 0;
+  bf16* dest = slot_pointer(slot, layer, &capacity);
+  const size_t es = dtype_size(dtype);
+  HEARTH_REQUIRE(nbytes == numel * (int64_t)es, "tensor byte size disagrees with its shape");
+  HEARTH_REQUIRE(elem_offset >= 0 && elem_offset + numel <= capacity,
+                 "tensor does not fit its destination (shape differs from the config)");
+  auto it = maps_.find(path);
+  if (it == maps_.end()) {
+    const int fd = open(path.c_str(), O_RDONLY);
+    if (fd < 0) throw std::runtime_error("cannot open " + path + ": " + std::strerror(errno));
+    struct stat st {};
+    fstat(fd, &st);
+    void* data = mmap(nullptr, st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
+    close(fd);
+    if (data == MAP_FAILED) throw std::runtime_error("cannot map " + path + ": " + std::strerror(errno));
+    it = maps_.emplace(path, Mapping{data, (size_t)st.st_size}).first;
+  }
+  HEARTH_REQUIRE(file_offset >= 0 && (size_t)(file_offset + nbytes) <= it->second.size,
+                 "tensor data lies past the end of " + path);
+  if (!staged_[0]) {
+    for (int i = 0; i < 2; ++i) {
+      staging_[i] = PinnedBuffer(staging_bytes_);
+      scratch_[i] = DeviceBuffer(staging_bytes_, "load staging");
+      HEARTH_CUDA(cudaEventCreateWithFlags(&staged_[i], cudaEventDisableTiming));
+    }
+  }
+  const char* src = static_cast<const char*>(it->second.data) + file_offset;
+  const int64_t chunk_elems = (int64_t)(staging_bytes_ / es);
+  int turn = 0;
+  for (int64_t done = 0; done < numel; done += chunk_elems, turn ^= 1) {
+    const int64_t n = std::min(chunk_elems, numel - done);
+    HEARTH_CUDA(cudaEventSynchronize(staged_[turn]));
+    std::memcpy(staging_[turn].as<char>(), src + done * es, n * es);
+    bf16* out = dest + elem_offset + done;
+    if (dtype == 0) {
+      HEARTH_CUDA(cudaMemcpyAsync(out, staging_[turn].as<char>(), n * es, cudaMemcpyHostToDevice, stream_));
+    } else {
+      HEARTH_CUDA(cudaMemcpyAsync(scratch_[turn].get(), staging_[turn].as<char>(), n * es,
+                                  cudaMemcpyHostToDevice, stream_));
+      launch_convert_to_bf16(scratch_[turn].get(), dtype, out, n, stream_);
+    }
+    HEARTH_CUDA(cudaEventRecord(staged_[turn], stream_));
+  }
+  HEARTH_CUDA(cudaStreamSynchronize(stream_));  // the tensor has landed
+}
+
+void Model::finish_load() {
+  HEARTH_CUDA(cudaStreamSynchronize(stream_));
+  for (auto& kv : maps_) munmap(kv.second.data, kv.second.size);
+  maps_.clear();
+  for (int i = 0; i < 2; ++i) {
+    if (staged_[i]) cudaEventDestroy(staged_[i]);
+    staged_[i] = nullptr;
+    staging_[i] = PinnedBuffer();
+    scratch_[i].reset();
+  }
+  cublaslt_available();  // load the library now rather than at the first prompt
+}
+
+int Model::allocate_sequence() { return pool_->allocate_sequence(); }
+void Model::release_sequence(int seq) { pool_->release_sequence(seq); }
+int Model::length(int seq) const { return pool_->length(seq); }
+
+void Model::truncate(int seq, int length) {
+  HEARTH_REQUIRE(length >= 0 && length <= pool_->length(seq), "truncate: length out of range");
+  pool_->set_length(seq, length);
+}
+
+void Model::check_tokens(const std::vector<int32_t>& tokens) const {
+  for (int32_t t : tokens)
+    if (t < 0 || t >= cfg_.vocab)
+      throw std::out_of_range("token id " + std::to_string(t) + " outside the vocabulary of " +
+                              std::to_string(cfg_.vocab));
+}
+
+void Model::matmul(const bf16* x, const bf16* w, float* out, int rows, int n, int k) {
+  if (rows <= kGemvMaxRows && k % 8 == 0)
+    launch_gemv(x, w, out, rows, n, k, stream_);
+  else
+    launch_gemm(x, w, out, rows, n, k, lt_workspace_, lt_workspace_bytes_, stream_);
+}
+
+void Model::prefill(int seq, const std::vector<int32_t>& tokens, float* all_logits) {
+  HEARTH_REQUIRE(!tokens.empty(), "prefill needs at least one token");
+  check_tokens(tokens);
+  const int start = pool_->length(seq);
+  const int total = (int)tokens.size();
+  pool_->reserve(seq, start + total);
+  try {
+    for (int done = 0; done < total; done += chunk_) {
+      const int n = std::min(chunk_, total - done);
+      Step step;
+      const auto& blocks = pool_->blocks(seq);
+      step.table_stride = (int)blocks.size();
+      step.tables = blocks;
+      for (int i = 0; i < n; ++i) {
+        const int pos = start + done + i;
+        step.ids.push_back(tokens[done + i]);
+        step.positions.push_back(pos);
+        step.slots.push_back(pool_->slot(seq, pos));
+        step.kv_lens.push_back(pos + 1);
+        step.row_table.push_back(0);
+      }
+      step.max_kv_len = start + done + n;
+      const bool last = done + n == total;
+      if (all_logits) {
+        forward(step, false, 0, n);
+        HEARTH_CUDA(cudaMemcpyAsync(all_logits + (size_t)done * cfg_.vocab, logits_,
+                                    (size_t)n * cfg_.vocab * 4, cudaMemcpyDeviceToHost, stream_));
+        HEARTH_CUDA(cudaStreamSynchronize(stream_));
+      } else {
+        forward(step, false, last ? n - 1 : n, last ? 1 : 0);
+      }
+    }
+  } catch (...) {
+    pool_->set_length(seq, start);
+    throw;
+  }
+  pool_->set_length(seq, start + total);
+}
+
+void Model::decode(const std::vector<int>& seqs, const std::vector<int32_t>& tokens) {
+  HEARTH_REQUIRE(seqs.size() == tokens.size() && !seqs.empty(), "decode: one token per sequence");
+  HEARTH_REQUIRE((int)seqs.size() <= cache_.max_batch, "decode: more sequences than max_batch");
+  check_tokens(tokens);
+  std::set<int> unique(seqs.begin(), seqs.end());
+  HEARTH_REQUIRE(unique.size() == seqs.size(), "decode: a sequence appears twice");
+  std::vector<int> reserved;
+  try {
+    for (int s : seqs) {
+      pool_->reserve(s, pool_->length(s) + 1);
+      reserved.push_back(s);
+    }
+  } catch (...) {
+    for (int s : reserved) pool_->set_length(s, pool_->length(s));  // give back unused blocks
+    throw;
+  }
+  Step step;
+  for (int s : seqs) step.table_stride = std::max(step.table_stride, (int)pool_->blocks(s).size());
+  step.tables.assign((size_t)seqs.size() * step.table_stride, 0);
+  for (size_t r = 0; r < seqs.size(); ++r) {
+    const int s = seqs[r];
+    const int pos = pool_->length(s);
+    const auto& blocks = pool_->blocks(s);
+    std::copy(blocks.begin(), blocks.end(), step.tables.begin() + r * step.table_stride);
+    step.ids.push_back(tokens[r]);
+    step.positions.push_back(pos);
+    step.slots.push_back(pool_->slot(s, pos));
+    step.kv_lens.push_back(pos + 1);
+    step.row_table.push_back((int)r);
+    step.max_kv_len = std::max(step.max_kv_len, pos + 1);
+  }
+  forward(step, true, 0, (int)seqs.size());
+  for (int s : seqs) pool_->set_length(s, pool_->length(s) + 1);
+}
+
+void Model::forward(const Step& step, bool decode_mode, int logit_first, int logit_count) {
+  const int T = (int)step.ids.size();
+  const int H = cfg_.hidden, I = cfg_.intermediate, V = cfg_.vocab, hd = cfg_.head_dim;
+  // Upload the metadata in one copy: ids, positions, slots, kv_lens, row_table, tables.
+  const size_t ints = 5 * (size_t)T + step.tables.size();
+  HEARTH_REQUIRE(ints <= meta_ints_, "forward: step metadata larger than planned");
+  HEARTH_CUDA(cudaEventSynchronize(meta_done_));  // the previous upload has left the pinned buffer
+  int32_t* host = meta_host_.as<int32_t>();
+  size_t off = 0;
+  for (const auto* v : {&step.ids, &step.positions, &step.slots, &step.kv_lens, &step.row_table,
+                        &step.tables}) {
+    std::copy(v->begin(), v->end(), host + off);
+    off += v->size();
+  }
+  HEARTH_CUDA(cudaMemcpyAsync(meta_, host, ints * 4, cudaMemcpyHostToDevice, stream_));
+  HEARTH_CUDA(cudaEventRecord(meta_done_, stream_));
+  const int32_t* d_ids = meta_;
+  const int32_t* d_pos = meta_ + T;
+  const int32_t* d_slots = meta_ + 2 * T;
+  const int32_t* d_kv_lens = meta_ + 3 * T;
+  const int32_t* d_row_table = meta_ + 4 * T;
+  const int32_t* d_tables = meta_ + 5 * T;
+
+  launch_embedding(d_ids, T, embed_, V, H, resid_, stream_);
+  for (int l = 0; l < cfg_.layers; ++l) {
+    const LayerWeights& lw = layers_[l];
+    launch_rmsnorm_residual(resid_, l == 0 ? nullptr : delta_, lw.attn_norm, xn_, T, H, cfg_.rms_eps, stream_);
+    matmul(xn_, lw.wqkv, qkv_, T, qkv_size_, H);
+    if (lw.bqkv) launch_add_bias(qkv_, lw.bqkv, T, qkv_size_, stream_);
+    if (lw.q_norm) {
+      launch_head_rmsnorm(qkv_, T, qkv_size_, 0, cfg_.heads, hd, lw.q_norm, cfg_.rms_eps, stream_);
+      launch_head_rmsnorm(qkv_, T, qkv_size_, q_size_, cfg_.kv_heads, hd, lw.k_norm, cfg_.rms_eps, stream_);
+    }
+    bf16* k_cache = kv_.as<bf16>() + (size_t)(2 * l) * kv_layer_elems_;
+    bf16* v_cache = k_cache + kv_layer_elems_;
+    launch_rope_kv_write(qkv_, T, cfg_.heads, cfg_.kv_heads, hd, d_pos, d_slots, inv_freq_, q_,
+                         k_cache, v_cache, stream_);
+    PagedAttention att{q_, k_cache, v_cache, d_tables, d_row_table, d_kv_lens, xn_, T, cfg_.heads,
+                       cfg_.kv_heads, hd, cache_.block_size, step.table_stride,
+                       1.f / std::sqrt((float)hd)};
+    if (decode_mode) {
+      int split_len = (step.max_kv_len + kMaxSplits - 1) / kMaxSplits;
+      split_len = std::max(128, (split_len + 31) / 32 * 32);
+      const int splits = (step.max_kv_len + split_len - 1) / split_len;
+      (void)splits;
+      launch_decode_attention(att, split_len, kMaxSplits, part_ml_, part_acc_, stream_);
+    } else {
+      launch_prefill_attention(att, stream_);
+    }
+    matmul(xn_, lw.wo, delta_, T, H, q_size_);
+    launch_rmsnorm_residual(resid_, delta_, lw.mlp_norm, xn_, T, H, cfg_.rms_eps, stream_);
+    matmul(xn_, lw.wgu, gate_up_, T, 2 * I, H);
+    launch_swiglu(gate_up_, xn_, T, I, stream_);
+    matmul(xn_, lw.wdown, delta_, T, H, I);
+  }
+  logits_rows_ = logit_count;
+  if (logit_count == 0) return;
+  const size_t first = (size_t)logit_first * H;
+  launch_rmsnorm_residual(resid_ + first, delta_ + first, final_norm_, xn_, logit_count, H,
+                          cfg_.rms_eps, stream_);
+  matmul(xn_, lm_head_, logits_, logit_count, V, H);
+}
+
+std::vector<int32_t> Model::sample(const std::vector<SampleRequest>& rows) {
+  const int n = (int)rows.size();
+  HEARTH_REQUIRE(n == logits_rows_, "sample: one sampler state per row of the last logits");
+  HEARTH_REQUIRE(n <= cache_.max_batch, "sample: more rows than max_batch");
+  std::vector<SampleRow> params;
+  std::vector<int32_t> history;
+  build_sample_rows(rows, cfg_.vocab, &params, &history);
+  if (history.size() * 4 > history_.bytes())
+    history_ = DeviceBuffer(std::max<size_t>(history.size() * 4 * 2, 4096), "sampler history");
+  HEARTH_CUDA(cudaMemcpyAsync(sample_params_, params.data(), n * sizeof(SampleRow),
+                              cudaMemcpyHostToDevice, stream_));
+  if (!history.empty())
+    HEARTH_CUDA(cudaMemcpyAsync(history_.get(), history.data(), history.size() * 4,
+                                cudaMemcpyHostToDevice, stream_));
+  launch_sample(logits_, n, cfg_.vocab, sample_params_, history_.as<int32_t>(), sample_work_,
+                tokens_, stream_);
+  HEARTH_CUDA(cudaMemcpyAsync(token_host_.as<int32_t>(), tokens_, n * 4, cudaMemcpyDeviceToHost, stream_));
+  HEARTH_CUDA(cudaStreamSynchronize(stream_));
+  return std::vector<int32_t>(token_host_.as<int32_t>(), token_host_.as<int32_t>() + n);
+}
+
+void Model::copy_logits(float* host) const {
+  HEARTH_CUDA(cudaMemcpyAsync(host, logits_, (size_t)logits_rows_ * cfg_.vocab * 4,
+                              cudaMemcpyDeviceToHost, stream_));
+  HEARTH_CUDA(cudaStreamSynchronize(stream_));
+}
+
+MemoryReport Model::memory() const {
+  return MemoryReport{weights_.bytes(), kv_.bytes(), workspace_.bytes(), pool_->free_blocks(),
+                      pool_->total_blocks(), pool_->block_size(), (int)pool_->sequence_count(),
+                      gemm_backend_name()};
+}
+
+}  // namespace hearth

@@ -1,0 +1,142 @@
+// One resident decoder model on the GPU: its weights (bf16, q/k/v and gate/up fused), the paged KV
+// cache of every sequence, the workspace of a forward pass, and the device sampler. The Python
+// runner (engine/backends/cuda_native.py) drives it; every method here may block on the GPU and is
+// called with the GIL released.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "../kernels/kernels.h"
+#include "device_memory.h"
+#include "kv_pool.h"
+
+namespace hearth {
+
+struct ModelConfig {
+  int layers = 0, hidden = 0, heads = 0, kv_heads = 0, head_dim = 0, intermediate = 0, vocab = 0;
+  float rms_eps = 1e-6f;
+  double rope_theta = 10000.0;
+  std::string rope_type = "default";  // default | linear | llama3
+  double rope_factor = 1.0, rope_low_freq_factor = 1.0, rope_high_freq_factor = 4.0;
+  int rope_original_max_positions = 8192;
+  bool tied_embeddings = false, qkv_bias = false, qk_norm = false;
+};
+
+struct CacheConfig {
+  int block_size = 16;
+  int block_count = 0;            // 0: sized from free memory
+  int max_sequence_blocks = 0;    // context_length / block_size, rounded up
+  int max_batch = 8;
+  int chunk_tokens = 512;         // prompt tokens per forward pass
+  size_t reserve_bytes = size_t(1) << 30;  // left free for others when sizing from free memory
+};
+
+// Where a checkpoint tensor goes.
+enum class Slot { Embed, FinalNorm, LmHead, AttnNorm, Wqkv, Bqkv, QNorm, KNorm, Wo, MlpNorm, Wgu, Wdown };
+
+struct SampleRequest {
+  float temperature = 1.f, top_p = 1.f, min_p = 0.f, repetition_penalty = 1.f;
+  int top_k = 0;
+  uint64_t seed = 0;
+  int64_t step = 0;
+  std::vector<int32_t> history;
+};
+
+struct MemoryReport {
+  size_t weight_bytes, kv_bytes, workspace_bytes;
+  int free_blocks, total_blocks, block_size, sequences;
+  std::string gemm_backend;
+};
+
+std::vector<float> rope_inv_freq(const ModelConfig& config);  // with linear / Llama-3 scaling
+double step_uniform(uint64_t seed, int64_t step);  // engine/sampling.py's splitmix64 draw
+
+// Device sampler parameters per row and the flat list of distinct penalized ids they point into.
+void build_sample_rows(const std::vector<SampleRequest>& rows, int vocab,
+                       std::vector<SampleRow>* params, std::vector<int32_t>* history);
+
+class Model {
+ public:
+  Model(const ModelConfig& config, const CacheConfig& cache);
+  ~Model();
+  Model(const Model&) = delete;
+  Model& operator=(const Model&) = delete;
+
+  // Copy one checkpoint tensor (memory-mapped file, byte offset and size, dtype 0 bf16 / 1 fp16 /
+  // 2 fp32) into its slot at element offset `elem_offset`, through pinned staging buffers.
+  void load_tensor(Slot slot, int layer, const std::string& path, int64_t file_offset,
+                   int64_t nbytes, int dtype, int64_t elem_offset, int64_t numel);
+  void finish_load();  // unmaps files, frees staging, synchronizes
+
+  int allocate_sequence();
+  void release_sequence(int seq);
+  int length(int seq) const;
+  void truncate(int seq, int length);
+
+  // Append tokens; logits of the last one (or of all, into `all_logits` [n, vocab]) are kept.
+  void prefill(int seq, const std::vector<int32_t>& tokens, float* all_logits);
+  void decode(const std::vector<int>& seqs, const std::vector<int32_t>& tokens);
+  std::vector<int32_t> sample(const std::vector<SampleRequest>& rows);
+  int logits_rows() const { return logits_rows_; }
+  void copy_logits(float* host) const;  // [logits_rows, vocab]
+  MemoryReport memory() const;
+  const ModelConfig& config() const { return cfg_; }
+
+ private:
+  struct LayerWeights {
+    bf16 *attn_norm, *wqkv, *bqkv, *q_norm, *k_norm, *wo, *mlp_norm, *wgu, *wdown;
+  };
+  struct Step {  // one forward pass's token metadata, built on the host
+    std::vector<int32_t> ids, positions, slots, kv_lens, row_table, tables;
+    int table_stride = 1;
+    int max_kv_len = 0;
+  };
+  void plan_memory();
+  bf16* slot_pointer(Slot slot, int layer, int64_t* numel);
+  void forward(const Step& step, bool decode_mode, int logit_first, int logit_count);
+  void matmul(const bf16* x, const bf16* w, float* out, int rows, int n, int k);
+  void check_tokens(const std::vector<int32_t>& tokens) const;
+
+  ModelConfig cfg_;
+  CacheConfig cache_;
+  int q_size_, kv_size_, qkv_size_, chunk_;
+  static constexpr int kMaxSplits = 32;
+  cudaStream_t stream_ = nullptr;
+  cudaEvent_t meta_done_ = nullptr;
+
+  DeviceBuffer weights_, kv_, workspace_, history_;
+  std::unique_ptr<KvPool> pool_;
+  bf16 *embed_ = nullptr, *final_norm_ = nullptr, *lm_head_ = nullptr;
+  std::vector<LayerWeights> layers_;
+  size_t kv_layer_elems_ = 0;  // per layer, per k or v
+
+  // workspace views
+  float *resid_, *delta_, *qkv_, *q_, *gate_up_, *logits_, *part_ml_, *part_acc_, *sample_work_,
+      *inv_freq_;
+  bf16* xn_;
+  int32_t *meta_, *tokens_;
+  SampleRow* sample_params_;
+  void* lt_workspace_;
+  size_t lt_workspace_bytes_ = 32u << 20;
+  size_t meta_ints_ = 0;
+  PinnedBuffer meta_host_, token_host_;
+  int logits_rows_ = 0;
+
+  // loading
+  struct Mapping {
+    void* data;
+    size_t size;
+  };
+  std::unordered_map<std::string, Mapping> maps_;
+  PinnedBuffer staging_[2];
+  DeviceBuffer scratch_[2];
+  cudaEvent_t staged_[2] = {nullptr, nullptr};
+  size_t staging_bytes_ = 32u << 20;
+};
+
+}  // namespace hearth

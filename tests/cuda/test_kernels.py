@@ -1,0 +1,245 @@
+"""Each kernel family against a torch reference, on fresh random inputs at several sizes (odd ones too)."""
+from __future__ import annotations
+
+import math
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+pytestmark = pytest.mark.cuda
+
+
+def K():
+    from engine import _native
+
+    return _native.kernels
+
+
+def ptr(t):
+    return t.data_ptr()
+
+
+def rel(a, b):
+    a, b = a.double(), b.double()
+    return float((a - b).norm() / b.norm().clamp_min(1e-30))
+
+
+def poison(shape, dtype):
+    return torch.full(shape, float("nan"), device="cuda", dtype=dtype)
+
+
+@pytest.mark.parametrize("tokens,vocab,hidden", [(1, 10, 64), (37, 1000, 577), (512, 49152, 576)])
+def test_embedding(tokens, vocab, hidden):
+    table = torch.randn(vocab, hidden, device="cuda").bfloat16()
+    ids = torch.randint(0, vocab, (tokens,), device="cuda", dtype=torch.int32)
+    out = poison((tokens, hidden), torch.float32)
+    K().embedding(ptr(ids), tokens, ptr(table), vocab, hidden, ptr(out))
+    assert torch.equal(out, table[ids.long()].float())
+
+
+@pytest.mark.parametrize("rows,hidden", [(1, 64), (7, 1000), (33, 4096), (3, 577)])
+@pytest.mark.parametrize("with_delta", [False, True])
+def test_rmsnorm_residual(rows, hidden, with_delta):
+    resid = torch.randn(rows, hidden, device="cuda")
+    delta = torch.randn(rows, hidden, device="cuda")
+    w = (1 + 0.1 * torch.randn(hidden, device="cuda")).bfloat16()
+    out = poison((rows, hidden), torch.bfloat16)
+    expect_resid = resid + delta if with_delta else resid.clone()
+    x = expect_resid.double()
+    ref = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5) * w.double()
+    K().rmsnorm_residual(ptr(resid), ptr(delta) if with_delta else 0, ptr(w), ptr(out), rows, hidden, 1e-5)
+    assert torch.allclose(resid, expect_resid)
+    assert rel(out, ref) < 1e-2 and not out.isnan().any()
+
+
+@pytest.mark.parametrize("rows,cols", [(1, 5), (9, 1152), (64, 4097)])
+def test_add_bias(rows, cols):
+    x = torch.randn(rows, cols, device="cuda")
+    b = torch.randn(cols, device="cuda").bfloat16()
+    ref = x + b.float()
+    K().add_bias(ptr(x), ptr(b), rows, cols)
+    assert torch.allclose(x, ref)
+
+
+@pytest.mark.parametrize("rows,heads,hd", [(1, 2, 64), (13, 8, 128), (5, 3, 96)])
+def test_head_rmsnorm(rows, heads, hd):
+    stride = heads * hd + 3 * hd + 5
+    col0 = hd
+    x = torch.randn(rows, stride, device="cuda")
+    w = torch.randn(hd, device="cuda").bfloat16()
+    view = x[:, col0:col0 + heads * hd].reshape(rows, heads, hd).double()
+    ref = x.clone()
+    ref[:, col0:col0 + heads * hd] = (view * torch.rsqrt(view.pow(2).mean(-1, keepdim=True) + 1e-6)
+                                      * w.double()).reshape(rows, -1).float()
+    K().head_rmsnorm(ptr(x), rows, stride, col0, heads, hd, ptr(w), 1e-6)
+    assert rel(x, ref) < 1e-6
+
+
+def _inv_freq_config(hd, scaling):
+    cfg = {"layers": 1, "hidden": 64, "heads": 1, "kv_heads": 1, "head_dim": hd, "intermediate": 64,
+           "vocab": 8, "rope_theta": 500000.0}
+    if scaling:
+        cfg.update(rope_type="llama3", rope_factor=32.0, rope_low_freq_factor=1.0, rope_high_freq_factor=4.0,
+                   rope_original_max_positions=8192)
+    return cfg
+
+
+@pytest.mark.parametrize("scaling", [False, True])
+def test_rope_inverse_frequencies_match_reference(scaling):
+    from engine.backends.torch_ref import rope_inverse_frequencies
+    from engine.checkpoint import DecoderConfig
+
+    rs = ({"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+           "original_max_position_embeddings": 8192} if scaling else None)
+    d = DecoderConfig(architecture="LlamaForCausalLM", model_type="llama", num_layers=1, hidden_size=64,
+                      num_heads=1, num_kv_heads=1, head_dim=128, intermediate_size=64, vocab_size=8,
+                      max_position_embeddings=131072, rms_norm_eps=1e-5, rope_theta=500000.0, rope_scaling=rs)
+    ours = torch.tensor(K().rope_inv_freq(_inv_freq_config(128, scaling)), dtype=torch.float64)
+    ref = rope_inverse_frequencies(d)
+    assert torch.allclose(ours, ref, rtol=1e-6, atol=0)
+
+
+@pytest.mark.parametrize("tokens,heads,kvh,hd", [(1, 9, 3, 64), (37, 32, 8, 64), (5, 16, 8, 128)])
+def test_rope_kv_write(tokens, heads, kvh, hd):
+    bs, blocks = 16, 64
+    qkv = torch.randn(tokens, (heads + 2 * kvh) * hd, device="cuda")
+    positions = torch.randint(0, 5000, (tokens,), device="cuda", dtype=torch.int32)
+    slots = torch.randperm(bs * blocks, device="cuda")[:tokens].int()
+    inv = torch.tensor(K().rope_inv_freq(_inv_freq_config(hd, True)), device="cuda")
+    q_out = poison((tokens, heads * hd), torch.float32)
+    kc = torch.zeros(bs * blocks, kvh, hd, device="cuda", dtype=torch.bfloat16)
+    vc = torch.zeros_like(kc)
+    K().rope_kv_write(ptr(qkv), tokens, heads, kvh, hd, ptr(positions), ptr(slots), ptr(inv), ptr(q_out),
+                      ptr(kc), ptr(vc))
+    ang = positions.double()[:, None] * inv.double()[None]
+    cos, sin = torch.cat([ang.cos()] * 2, -1)[:, None], torch.cat([ang.sin()] * 2, -1)[:, None]
+
+    def rot(x):
+        a, b = x.chunk(2, -1)
+        return x * cos + torch.cat((-b, a), -1) * sin
+
+    x = qkv.double().view(tokens, heads + 2 * kvh, hd)
+    q_ref = rot(x[:, :heads])
+    k_ref = rot(x[:, heads:heads + kvh])
+    assert rel(q_out.view(tokens, heads, hd), q_ref) < 1e-5
+    assert rel(kc[slots.long()], k_ref) < 1e-2
+    assert torch.equal(vc[slots.long()], x[:, heads + kvh:].float().bfloat16())
+
+
+def _attention_case(lens, heads, kvh, hd, bs=16):
+    max_blocks = max(-(-n // bs) for n in lens)
+    total_blocks = max_blocks * len(lens) + 3
+    kc = torch.randn(total_blocks * bs, kvh, hd, device="cuda").bfloat16()
+    vc = torch.randn_like(kc)
+    perm = torch.randperm(total_blocks, device="cuda").int()
+    tables = perm[:max_blocks * len(lens)].view(len(lens), max_blocks).contiguous()
+    return kc, vc, tables, max_blocks
+
+
+def _attention_ref(q, kc, vc, table, n, heads, kvh, hd, bs=16):
+    pos = torch.arange(n, device="cuda")
+    slots = table.long()[pos // bs] * bs + pos % bs
+    k = kc[slots].double().repeat_interleave(heads // kvh, dim=1)  # [n, heads, hd]
+    v = vc[slots].double().repeat_interleave(heads // kvh, dim=1)
+    s = torch.einsum("hd,nhd->hn", q.double().view(heads, hd), k) / math.sqrt(hd)
+    return torch.einsum("hn,nhd->hd", torch.softmax(s, -1), v).reshape(-1)
+
+
+@pytest.mark.parametrize("lens,heads,kvh,hd", [([1], 4, 4, 64), ([17, 300], 9, 3, 64), ([4099, 1, 640], 32, 8, 128),
+                                               ([1000], 16, 8, 96)])
+def test_decode_attention(lens, heads, kvh, hd):
+    kc, vc, tables, max_blocks = _attention_case(lens, heads, kvh, hd)
+    rows = len(lens)
+    q = torch.randn(rows, heads * hd, device="cuda")
+    kv_lens = torch.tensor(lens, device="cuda", dtype=torch.int32)
+    row_table = torch.arange(rows, device="cuda", dtype=torch.int32)
+    out = poison((rows, heads * hd), torch.bfloat16)
+    K().paged_attention("decode", ptr(q), ptr(kc), ptr(vc), ptr(tables), ptr(row_table), ptr(kv_lens), ptr(out),
+                        rows, heads, kvh, hd, 16, max_blocks, 1 / math.sqrt(hd), 128)
+    for r, n in enumerate(lens):
+        assert rel(out[r], _attention_ref(q[r], kc, vc, tables[r], n, heads, kvh, hd)) < 1e-2
+
+
+@pytest.mark.parametrize("start,n,heads,kvh,hd", [(0, 1, 4, 2, 64), (0, 37, 9, 3, 64), (100, 65, 16, 8, 128),
+                                                  (7, 13, 32, 8, 128)])
+def test_prefill_attention(start, n, heads, kvh, hd):
+    kc, vc, tables, max_blocks = _attention_case([start + n], heads, kvh, hd)
+    q = torch.randn(n, heads * hd, device="cuda")
+    kv_lens = torch.arange(start + 1, start + n + 1, device="cuda", dtype=torch.int32)
+    row_table = torch.zeros(n, device="cuda", dtype=torch.int32)
+    out = poison((n, heads * hd), torch.bfloat16)
+    K().paged_attention("prefill", ptr(q), ptr(kc), ptr(vc), ptr(tables), ptr(row_table), ptr(kv_lens), ptr(out),
+                        n, heads, kvh, hd, 16, max_blocks, 1 / math.sqrt(hd), 0)
+    for r in range(n):
+        assert rel(out[r], _attention_ref(q[r], kc, vc, tables[0], start + r + 1, heads, kvh, hd)) < 1e-2
+
+
+@pytest.mark.parametrize("rows,inter", [(1, 7), (9, 1536), (64, 14336)])
+def test_swiglu(rows, inter):
+    gu = torch.randn(rows, 2 * inter, device="cuda") * 3
+    out = poison((rows, inter), torch.bfloat16)
+    K().swiglu(ptr(gu), ptr(out), rows, inter)
+    g, u = gu.double().chunk(2, -1)
+    assert rel(out, torch.nn.functional.silu(g) * u) < 1e-2
+
+
+@pytest.mark.parametrize("path,rows,n,k", [("gemv", 1, 1001, 576), ("gemv", 3, 4096, 4096), ("gemv", 8, 49152, 576),
+                                           ("gemm", 9, 1001, 576), ("gemm", 512, 3072, 1024),
+                                           ("tiled", 37, 1001, 584), ("tiled", 130, 256, 2048)])
+def test_matmul(path, rows, n, k):
+    x = torch.randn(rows, k, device="cuda").bfloat16()
+    w = (torch.randn(n, k, device="cuda") * 0.02).bfloat16()
+    out = poison((rows, n), torch.float32)
+    K().matmul(path, ptr(x), ptr(w), ptr(out), rows, n, k)
+    assert rel(out, x.double() @ w.double().T) < 1e-4
+
+
+@pytest.mark.parametrize("src_dtype,code", [(torch.float16, 1), (torch.float32, 2)])
+@pytest.mark.parametrize("count", [1, 1001, 1 << 20])
+def test_convert(src_dtype, code, count):
+    src = torch.randn(count, device="cuda").to(src_dtype)
+    dst = torch.empty(count, device="cuda", dtype=torch.bfloat16)
+    K().convert_to_bf16(ptr(src), code, ptr(dst), count)
+    assert torch.equal(dst, src.float().bfloat16())
+
+
+def _request(params, seed, step, history=()):
+    return {"temperature": params.temperature, "top_k": params.top_k, "top_p": params.top_p,
+            "min_p": params.min_p, "repetition_penalty": params.repetition_penalty, "seed": seed,
+            "step": step, "history": list(history)}
+
+
+SAMPLING_CASES = [
+    dict(temperature=0.0),
+    dict(temperature=1.0),
+    dict(temperature=0.7, top_k=40),
+    dict(temperature=1.0, top_p=0.9),
+    dict(temperature=0.8, min_p=0.05),
+    dict(temperature=1.2, top_k=50, top_p=0.8, min_p=0.02, repetition_penalty=1.3),
+    dict(temperature=0.5, top_k=1),
+]
+
+
+@pytest.mark.parametrize("vocab", [257, 49152, 151936])
+@pytest.mark.parametrize("case", range(len(SAMPLING_CASES)))
+def test_sampling_matches_reference_sets(vocab, case):
+    from engine.sampling import SamplerState, SamplingParams, allowed_tokens, sample_token
+
+    params = SamplingParams(**SAMPLING_CASES[case])
+    g = torch.Generator(device="cpu").manual_seed(1000 + case)
+    rows = 4
+    logits = (torch.randn(rows, vocab, generator=g) * 4).cuda()
+    history = torch.randint(0, vocab, (30,), generator=g).tolist()
+    agree, draws = 0, 0
+    for seed in range(6):
+        reqs = [_request(params, seed * 7 + r, r, history) for r in range(rows)]
+        got = K().sample(ptr(logits), rows, vocab, reqs)
+        assert got == K().sample(ptr(logits), rows, vocab, reqs)  # reproducible
+        for r in range(rows):
+            allowed = allowed_tokens(logits[r].cpu(), params, history)
+            assert got[r] in allowed
+            state = SamplerState(params=params, seed=seed * 7 + r, step=r, history=list(history))
+            agree += got[r] == sample_token(logits[r].cpu(), state)
+            draws += 1
+    assert agree >= draws - 1  # the same draw as the reference, barring a rounding at a CDF edge
