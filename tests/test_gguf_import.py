@@ -103,7 +103,12 @@ def llama_permute(w: np.ndarray, n_head: int) -> np.ndarray:
     return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def write_tiny_gguf(path: Path, arch: str = "llama", types: dict | None = None, seed: int = 0) -> dict:
+SP_PIECES = ["\u2581", "h", "e", "l", "o", "w", "r", "d", "\u2581h", "he", "ll", "\u2581he", "llo", "\u2581hello",
+             "\u2581w", "or", "\u2581wor", "ld", "\u2581world", "\u2581\u2581", "x"]
+
+
+def write_tiny_gguf(path: Path, arch: str = "llama", types: dict | None = None, seed: int = 0,
+                    vocab_kind: str = "gpt2") -> dict:
     """A 1-layer llama GGUF (hidden 256, 4 heads, 2 KV heads, head_dim 64) with a byte-level vocab.
 
     `types` maps a GGUF tensor name to the GGML type to store it as (default F32). Returns the
@@ -113,9 +118,13 @@ def write_tiny_gguf(path: Path, arch: str = "llama", types: dict | None = None, 
     rng = np.random.default_rng(seed)
     hidden, heads, kv, ffn = 256, 4, 2, 512
     hd = hidden // heads
-    alphabet = list(_bytes_to_unicode().values())
-    tokens = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"] + alphabet + ["he", "ll", "hell", "hello"]
-    merges = ["h e", "l l", "he ll", "hell o"]
+    if vocab_kind == "gpt2":
+        alphabet = list(_bytes_to_unicode().values())
+        tokens = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"] + alphabet + ["he", "ll", "hell", "hello"]
+        token_types = [3, 3, 3] + [1] * (len(tokens) - 3)
+    else:   # sentencepiece-style: <unk> <s> </s>, 256 byte tokens, scored pieces, no merges
+        tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)] + SP_PIECES
+        token_types = [2, 3, 3] + [6] * 256 + [1] * len(SP_PIECES)
     vocab = len(tokens)
     shapes = {
         "token_embd.weight": (vocab, hidden), "output_norm.weight": (hidden,),
@@ -134,11 +143,16 @@ def write_tiny_gguf(path: Path, arch: str = "llama", types: dict | None = None, 
     w.add_head_count_kv(kv)
     w.add_layer_norm_rms_eps(1e-5)
     w.add_rope_freq_base(10000.0)
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("default")
     w.add_token_list(tokens)
-    w.add_token_types([3, 3, 3] + [1] * (vocab - 3))
-    w.add_token_merges(merges)
+    w.add_token_types(token_types)
+    if vocab_kind == "gpt2":
+        w.add_tokenizer_model("gpt2")
+        w.add_tokenizer_pre("default")
+        w.add_token_merges(["h e", "l l", "he ll", "hell o"])
+    else:
+        w.add_tokenizer_model("llama")
+        w.add_token_scores([0.0] * 259 + [-float(i) for i in range(len(SP_PIECES))])
+        w.add_unk_token_id(0)
     w.add_bos_token_id(1)
     w.add_eos_token_id(2)
     w.add_chat_template("{% for m in messages %}<|im_start|>{{ m['content'] }}<|im_end|>{% endfor %}")
@@ -364,6 +378,29 @@ def test_tiny_gguf_types_and_permutation(tmp_path):
     assert not np.array_equal(llama_permute(x, 4), x)
     from tokenizers import Tokenizer
     assert Tokenizer.from_file(str(out / "tokenizer.json")).encode("<|im_start|>hello").ids == [1, 3 + 256 + 3]
+
+
+def test_sentencepiece_vocab(tmp_path):
+    """A "llama" (sentencepiece BPE, byte fallback) vocabulary, checked against transformers' converter.
+
+    Two known differences, where we follow llama.cpp (which prepends the dummy space to every text
+    fragment, including text that already starts with a space and text right after a special token):
+    " hello" and "<s>hello". Those are left out of the comparison.
+    """
+    from tokenizers import Tokenizer
+    from transformers import AutoTokenizer
+
+    src = tmp_path / "sp.gguf"
+    write_tiny_gguf(src, vocab_kind="llama")
+    out = import_gguf(src, tmp_path / "sp")
+    ours = Tokenizer.from_file(str(out / "tokenizer.json"))
+    ref = AutoTokenizer.from_pretrained(tmp_path, gguf_file="sp.gguf")
+    for text in ["hello world", "hello\nworld \u00e9 \U0001f980", "xhello", "world hello"]:
+        want = ref(text)["input_ids"]
+        assert ours.encode(text).ids == want, text
+        assert ours.decode(want) == text
+    assert ours.encode("hello").ids[0] == 1            # add_bos_token defaults to true for llama vocabularies
+    assert json.loads((out / "tokenizer_config.json").read_text())["add_bos_token"] is True
 
 
 def test_library_imports_gguf(tmp_path):
