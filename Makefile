@@ -23,7 +23,7 @@ install-test: install
 	$(PIP) install -e ".[app,test]" --no-build-isolation
 
 run: install
-	$(VENV)/bin/hearth app --default-model
+	$(VENV)/bin/hearth
 
 test: install-test
 	QT_QPA_PLATFORM=offscreen $(VENV)/bin/python -m pytest -q -ra

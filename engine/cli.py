@@ -1,6 +1,6 @@
 """`hearth`: the command line.
 
-    hearth                         open the desktop app
+    hearth [app] [--model ID]      open the desktop app
     hearth inspect PATH [--json]
     hearth models list [--json] | import PATH | remove ID | default
     hearth generate MODEL --prompt TEXT [--chat] [--max-tokens N] [--temperature T] [--seed S] [--backend B] [--json]
@@ -223,10 +223,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Optional[list] = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if not argv:
-        from app.main import main as app_main
+    if not argv or argv[0] == "app":
+        from app.main import main as app_main  # the desktop app; engine/ itself never imports Qt
 
-        return app_main([])
+        return app_main(argv[1:])
     if argv[0] == "bench":
         from .bench import main as bench_main
 
