@@ -32,6 +32,7 @@ from .errors import (BackendUnavailable, Cancelled, ChatTemplateError, ContextOv
 from .plan import MemoryPlan, check_dtypes_loadable
 from .progress import ProgressCallback, ProgressEvent
 from .sampling import SamplerState, SamplingParams
+from .scheduler import ModelLoop, Request
 from .tokenizer import Tokenizer
 
 log = logging.getLogger("hearth.engine")
@@ -100,6 +101,7 @@ class _LoadedModel:
     template_error: str
     lock: threading.RLock = field(default_factory=threading.RLock)
     sessions: set = field(default_factory=set)
+    loop: Optional[ModelLoop] = None
 
 
 def _available_memory() -> tuple[int, int]:
@@ -117,7 +119,8 @@ def _available_memory() -> tuple[int, int]:
 
 class Engine:
     def __init__(self, backend: str = "auto", device: Optional[str] = None, home: Optional[os.PathLike] = None,
-                 context_length: Optional[int] = None, compute_dtype: str = "float32", max_batch: int = 8):
+                 context_length: Optional[int] = None, compute_dtype: str = "float32", max_batch: int = 8,
+                 decode_priority_burst: int = 4, prefill_chunk: int = 512):
         if backend not in BACKENDS:
             raise BackendUnavailable(f"Unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}.")
         self.requested_backend = backend
@@ -127,6 +130,8 @@ class Engine:
         self.context_length = context_length
         self.compute_dtype = compute_dtype
         self.max_batch = max_batch
+        self.decode_priority_burst = decode_priority_burst
+        self.prefill_chunk = prefill_chunk
         self._models: dict[str, _LoadedModel] = {}
         self._sessions: dict[str, _Session] = {}
         self._lock = threading.RLock()
@@ -269,9 +274,11 @@ class Engine:
         except BaseException:
             runner.close()
             raise
+        loaded = _LoadedModel(model_id, info, runner, runner.backend_name, context, tokenizer,
+                              tokenizer_error, template, template_error)
+        loaded.loop = ModelLoop(runner, loaded.lock, self.max_batch, self.decode_priority_burst, self.prefill_chunk)
         with self._lock:
-            self._models[model_id] = _LoadedModel(model_id, info, runner, runner.backend_name, context, tokenizer,
-                                                  tokenizer_error, template, template_error)
+            self._models[model_id] = loaded
         report(ProgressEvent(stages.RESIDENT, total, total, f"resident on {runner.backend_name}"))
         return ModelHandle(model_id, runner.backend_name)
 
@@ -290,6 +297,7 @@ class Engine:
             for sid in list(loaded.sessions):
                 self._sessions.pop(sid, None)
             del self._models[model_id]
+        loaded.loop.close()
         with loaded.lock:
             loaded.runner.close()
 
@@ -466,7 +474,7 @@ class Engine:
             raise ContextOverflow(f"The conversation is {len(tokens):,} tokens, and this model was loaded with a "
                                   f"context of {limit:,}. Start a new chat or load it with a longer context.")
         tokenizer = loaded.tokenizer
-        runner = loaded.runner
+        started = time.perf_counter()
         with loaded.lock:
             common = 0
             for a, b in zip(session.tokens, tokens):
@@ -474,58 +482,59 @@ class Engine:
                     break
                 common += 1
             common = min(common, len(tokens) - 1)   # at least one token is fed to get logits
-            started = time.perf_counter()
-            runner.truncate(session.seq, common)
+            loaded.runner.truncate(session.seq, common)
             session.tokens = session.tokens[:common]
-            runner.prefill(session.seq, tokens[common:])
-            session.tokens = list(tokens)
-            state = SamplerState.start(params, history=tokens)
-            stream = tokenizer.stream()
-            text, held = "", ""
-            hold = max((len(s) for s in params.stop), default=1) - 1
-            generated, first_at, stop_reason = 0, None, "max-tokens"
+        state = SamplerState.start(params, history=tokens)
+        request = Request(seq=session.seq, prompt=tokens[common:], state=state, max_tokens=params.max_tokens,
+                          eos_ids=tokenizer.eos_ids, context_limit=limit, start_length=common, cancel=session.cancel)
+        loaded.loop.submit(request)
+        stream = tokenizer.stream()
+        text, held, stopped = "", "", False
+        hold = max((len(s) for s in params.stop), default=1) - 1
+        first_at, stop_reason = None, "cancelled"
+        try:
             while True:
-                if session.cancel.is_set():
-                    stop_reason = "cancelled"
+                kind, value = request.events.get()
+                if kind == "error":
+                    raise value
+                if kind == "finished":
+                    stop_reason = "stop" if stopped else value
                     break
-                token = runner.sample([state])[0]
                 if first_at is None:
                     first_at = time.perf_counter()
-                if token in tokenizer.eos_ids:
-                    stop_reason = "eos"
-                    break
-                state.advance(token)
-                generated += 1
-                held += stream.push(token)
+                if stopped or session.cancel.is_set():
+                    continue                   # decoded before the loop saw the stop: not shown
+                held += stream.push(value)
                 stop_at = self._find_stop(text + held, params.stop)
                 if stop_at is not None:
                     held = (text + held)[len(text):stop_at] if stop_at > len(text) else ""
                     if held:
                         text += held
-                        yield TextDelta(held, token)
-                    stop_reason = "stop"
-                    break
+                        yield TextDelta(held, value)
+                    held, stopped = "", True
+                    request.stop("stop")
+                    continue
                 if len(held) > hold:
                     out, held = (held[:len(held) - hold], held[len(held) - hold:]) if hold else (held, "")
                     text += out
-                    yield TextDelta(out, token)
-                if generated >= params.max_tokens:
-                    break
-                if len(session.tokens) + 1 >= limit:
-                    stop_reason = "context-full"
-                    break
-                runner.decode([session.seq], [token])
-                session.tokens.append(token)
-            if stop_reason != "stop":
-                tail = held + stream.flush()
-                if tail:
-                    text += tail
-                    yield TextDelta(tail, -1)
-            ended = time.perf_counter()
+                    yield TextDelta(out, value)
+        finally:
+            if not request.done:               # the consumer walked away: stop and wait for the loop
+                request.stop("cancelled")
+                while request.events.get()[0] not in ("finished", "error"):
+                    pass
+            session.tokens = list(tokens) + list(request.fed)
+        if not stopped:
+            tail = held + stream.flush()
+            if tail:
+                text += tail
+                yield TextDelta(tail, -1)
+        ended = time.perf_counter()
         if record:
             session.messages.append({"role": "assistant", "content": text})
         first_at = first_at or ended
         decode_time = ended - first_at
+        generated = request.generated
         stats = GenerationStats(
             prompt_tokens=len(tokens), prefilled_tokens=len(tokens) - common, generated_tokens=generated,
             ttft_s=first_at - started,
