@@ -179,10 +179,7 @@ class Engine:
                     return candidate, manifest.id
             return candidate, candidate.stem if candidate.is_file() else candidate.name
         if isinstance(path_or_id, str) and os.sep not in path_or_id:
-            try:
-                manifest = self.library.get(path_or_id)
-            except UnknownModel:
-                raise
+            manifest = self.library.get(path_or_id)   # UnknownModel lists the ids the library has
             return Path(manifest.path), manifest.id
         return candidate, candidate.name  # inspect() reports the missing path
 

@@ -78,3 +78,11 @@ def test_auto_backend_falls_back_to_torch_with_a_reason():
     eng = Engine(backend="auto")
     if _native.build_info()["device_count"] == 0:
         assert eng.backend == "torch" and "using the torch backend" in eng.backend_note
+
+
+def test_models_default_prints_the_installed_path(default_model, hearth_home):
+    import os
+
+    env = dict(os.environ, HEARTH_HOME=str(hearth_home))
+    out = hearth("models", "default", env=env).stdout.strip()
+    assert out == str(default_model.path)
