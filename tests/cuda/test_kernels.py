@@ -44,13 +44,13 @@ def test_rmsnorm_residual(rows, hidden, with_delta):
     resid = torch.randn(rows, hidden, device="cuda")
     delta = torch.randn(rows, hidden, device="cuda")
     w = (1 + 0.1 * torch.randn(hidden, device="cuda")).bfloat16()
-    out = poison((rows, hidden), torch.bfloat16)
+    out = poison((rows, hidden), torch.float32)
     expect_resid = resid + delta if with_delta else resid.clone()
     x = expect_resid.double()
     ref = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5) * w.double()
     K().rmsnorm_residual(ptr(resid), ptr(delta) if with_delta else 0, ptr(w), ptr(out), rows, hidden, 1e-5)
     assert torch.allclose(resid, expect_resid)
-    assert rel(out, ref) < 1e-2 and not out.isnan().any()
+    assert rel(out, ref) < 1e-5 and not out.isnan().any()
 
 
 @pytest.mark.parametrize("rows,cols", [(1, 5), (9, 1152), (64, 4097)])
@@ -122,7 +122,7 @@ def test_rope_kv_write(tokens, heads, kvh, hd):
     x = qkv.double().view(tokens, heads + 2 * kvh, hd)
     q_ref = rot(x[:, :heads])
     k_ref = rot(x[:, heads:heads + kvh])
-    assert rel(q_out.view(tokens, heads, hd), q_ref) < 1e-5
+    assert rel(q_out.view(tokens, heads, hd), q_ref) < 1e-4  # fp32 angle at positions up to 5000
     assert rel(kc[slots.long()], k_ref) < 1e-2
     assert torch.equal(vc[slots.long()], x[:, heads + kvh:].float().bfloat16())
 
@@ -154,11 +154,11 @@ def test_decode_attention(lens, heads, kvh, hd):
     q = torch.randn(rows, heads * hd, device="cuda")
     kv_lens = torch.tensor(lens, device="cuda", dtype=torch.int32)
     row_table = torch.arange(rows, device="cuda", dtype=torch.int32)
-    out = poison((rows, heads * hd), torch.bfloat16)
+    out = poison((rows, heads * hd), torch.float32)
     K().paged_attention("decode", ptr(q), ptr(kc), ptr(vc), ptr(tables), ptr(row_table), ptr(kv_lens), ptr(out),
                         rows, heads, kvh, hd, 16, max_blocks, 1 / math.sqrt(hd), 128)
     for r, n in enumerate(lens):
-        assert rel(out[r], _attention_ref(q[r], kc, vc, tables[r], n, heads, kvh, hd)) < 1e-2
+        assert rel(out[r], _attention_ref(q[r], kc, vc, tables[r], n, heads, kvh, hd)) < 1e-5
 
 
 @pytest.mark.parametrize("start,n,heads,kvh,hd", [(0, 1, 4, 2, 64), (0, 37, 9, 3, 64), (100, 65, 16, 8, 128),
@@ -168,27 +168,27 @@ def test_prefill_attention(start, n, heads, kvh, hd):
     q = torch.randn(n, heads * hd, device="cuda")
     kv_lens = torch.arange(start + 1, start + n + 1, device="cuda", dtype=torch.int32)
     row_table = torch.zeros(n, device="cuda", dtype=torch.int32)
-    out = poison((n, heads * hd), torch.bfloat16)
+    out = poison((n, heads * hd), torch.float32)
     K().paged_attention("prefill", ptr(q), ptr(kc), ptr(vc), ptr(tables), ptr(row_table), ptr(kv_lens), ptr(out),
                         n, heads, kvh, hd, 16, max_blocks, 1 / math.sqrt(hd), 0)
     for r in range(n):
-        assert rel(out[r], _attention_ref(q[r], kc, vc, tables[0], start + r + 1, heads, kvh, hd)) < 1e-2
+        assert rel(out[r], _attention_ref(q[r], kc, vc, tables[0], start + r + 1, heads, kvh, hd)) < 1e-5
 
 
 @pytest.mark.parametrize("rows,inter", [(1, 7), (9, 1536), (64, 14336)])
 def test_swiglu(rows, inter):
     gu = torch.randn(rows, 2 * inter, device="cuda") * 3
-    out = poison((rows, inter), torch.bfloat16)
+    out = poison((rows, inter), torch.float32)
     K().swiglu(ptr(gu), ptr(out), rows, inter)
     g, u = gu.double().chunk(2, -1)
-    assert rel(out, torch.nn.functional.silu(g) * u) < 1e-2
+    assert rel(out, torch.nn.functional.silu(g) * u) < 1e-6
 
 
 @pytest.mark.parametrize("path,rows,n,k", [("gemv", 1, 1001, 576), ("gemv", 3, 4096, 4096), ("gemv", 8, 49152, 576),
                                            ("gemm", 9, 1001, 576), ("gemm", 512, 3072, 1024),
                                            ("tiled", 37, 1001, 584), ("tiled", 130, 256, 2048)])
 def test_matmul(path, rows, n, k):
-    x = torch.randn(rows, k, device="cuda").bfloat16()
+    x = torch.randn(rows, k, device="cuda")  # fp32 activations
     w = (torch.randn(n, k, device="cuda") * 0.02).bfloat16()
     out = poison((rows, n), torch.float32)
     K().matmul(path, ptr(x), ptr(w), ptr(out), rows, n, k)

@@ -1,7 +1,7 @@
 // Paged decode attention for grouped-query heads: each row is one new token of one sequence,
 // attending to kv_lens[row] cached keys. The keys are split into pieces of `split_len` so a long
 // context spreads over many blocks: pass 1 writes each piece's (max, sum, unnormalized output),
-// pass 2 merges the pieces into out = softmax(q k^T * scale) v, bf16.
+// pass 2 merges the pieces into out = softmax(q k^T * scale) v, fp32.
 #include "attention_common.cuh"
 
 namespace hearth {
@@ -71,12 +71,12 @@ __global__ void decode_attention_merge_kernel(PagedAttention p, int split_len, i
   float l = 0.f;
   for (int s = 0; s < splits; ++s) l += part_ml[(base + s) * 2 + 1] * expf(part_ml[(base + s) * 2] - m);
   const float inv = l > 0.f ? 1.f / l : 0.f;
-  bf16* out = p.out + ((size_t)row * p.heads + h) * HD;
+  float* out = p.out + ((size_t)row * p.heads + h) * HD;
   for (int d = threadIdx.x; d < HD; d += blockDim.x) {
     float a = 0.f;
     for (int s = 0; s < splits; ++s)
       a += part_acc[(base + s) * HD + d] * expf(part_ml[(base + s) * 2] - m);
-    out[d] = __float2bfloat16(a * inv);
+    out[d] = a * inv;
   }
 }
 

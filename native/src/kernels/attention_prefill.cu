@@ -1,6 +1,6 @@
 // Causal prefill attention over the paged cache: a chunk of prompt tokens (already written to the
 // cache by rope_kv) each attends to the kv_lens[row] = position + 1 keys before and including it.
-// One warp per (query row, head), eight rows per block; out = softmax(q k^T * scale) v, bf16.
+// One warp per (query row, head), eight rows per block; out = softmax(q k^T * scale) v, fp32.
 #include "attention_common.cuh"
 
 namespace hearth {
@@ -26,9 +26,9 @@ prefill_attention_kernel(PagedAttention p) {
     fold_key_chunk<HD>(st, q_smem[warp], table, p.block_size, p.kv_heads, kvh, p.k_cache,
                        p.v_cache, key0, min(32, kv_len - key0), p.scale);
   const float inv = st.l > 0.f ? 1.f / st.l : 0.f;
-  bf16* out = p.out + ((size_t)row * p.heads + h) * HD;
+  float* out = p.out + ((size_t)row * p.heads + h) * HD;
 #pragma unroll
-  for (int r = 0; r < HD / 32; ++r) out[lane + 32 * r] = __float2bfloat16(st.acc[r] * inv);
+  for (int r = 0; r < HD / 32; ++r) out[lane + 32 * r] = st.acc[r] * inv;
 }
 
 void launch_prefill_attention(const PagedAttention& p, cudaStream_t stream) {

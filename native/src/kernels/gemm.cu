@@ -1,5 +1,5 @@
 // Matrix product for many rows (prefill, scoring): out[m, n] = sum_k x[m, k] * w[n, k], bf16
-// operands, fp32 accumulation and output. cuBLASLt does the work; it is loaded with dlopen at first
+// weights, fp32 activations split into two bf16 operands (hi + lo), fp32 accumulation and output. cuBLASLt does the work; it is loaded with dlopen at first
 // use (libcublasLt.so.13), so the extension imports where the library is absent. Without it a
 // plain shared-memory tiled kernel computes the same product, slower.
 #include <dlfcn.h>
@@ -23,7 +23,7 @@ namespace hearth {
 // ---- fallback: tiled kernel, 64x64 output tile, 4x4 per thread ----
 constexpr int kTile = 64, kTileK = 16;
 
-__global__ void __launch_bounds__(256) gemm_tiled_kernel(const bf16* __restrict__ x,
+__global__ void __launch_bounds__(256) gemm_tiled_kernel(const float* __restrict__ x,
                                                          const bf16* __restrict__ w,
                                                          float* __restrict__ out, int m, int n,
                                                          int k) {
@@ -36,7 +36,7 @@ __global__ void __launch_bounds__(256) gemm_tiled_kernel(const bf16* __restrict_
     for (int i = threadIdx.x; i < kTile * kTileK; i += blockDim.x) {
       const int r = i / kTileK, kk = i % kTileK;
       const int gr = row0 + r, gc = col0 + r, gk = k0 + kk;
-      xs[kk][r] = (gr < m && gk < k) ? __bfloat162float(x[(size_t)gr * k + gk]) : 0.f;
+      xs[kk][r] = (gr < m && gk < k) ? x[(size_t)gr * k + gk] : 0.f;
       ws[kk][r] = (gc < n && gk < k) ? __bfloat162float(w[(size_t)gc * k + gk]) : 0.f;
     }
     __syncthreads();
@@ -63,7 +63,7 @@ __global__ void __launch_bounds__(256) gemm_tiled_kernel(const bf16* __restrict_
     }
 }
 
-void launch_gemm_tiled(const bf16* x, const bf16* w, float* out, int rows, int n, int k,
+void launch_gemm_tiled(const float* x, const bf16* w, float* out, int rows, int n, int k,
                        cudaStream_t stream) {
   HEARTH_REQUIRE(rows >= 0 && n > 0 && k > 0, "gemm: bad shape");
   if (rows == 0) return;
@@ -191,16 +191,22 @@ const char* gemm_backend_name() {
   return cublaslt_available() ? "cublasLt" : "tiled";
 }
 
-void launch_gemm(const bf16* x, const bf16* w, float* out, int rows, int n, int k,
+void launch_gemm(const float* x, const bf16* w, float* out, int rows, int n, int k, bf16* split,
                  void* workspace, size_t workspace_bytes, cudaStream_t stream) {
   HEARTH_REQUIRE(rows >= 0 && n > 0 && k > 0, "gemm: bad shape");
   if (rows == 0) return;
 #ifdef HEARTH_WITH_CUBLASLT
-  if (cublaslt_available()) {
+  if (cublaslt_available() && split) {
     if (!workspace) workspace_bytes = 0;
+    bf16* hi = split;
+    bf16* lo = split + (size_t)rows * k;
+    launch_split_bf16(x, hi, lo, (int64_t)rows * k, stream);
     const LtPlan& plan = lt_plan(rows, n, k, workspace_bytes);
-    const float alpha = 1.f, beta = 0.f;
-    check_lt(lt().matmul(lt().handle, plan.desc, &alpha, w, plan.a, x, plan.b, &beta, out, plan.c,
+    const float alpha = 1.f, zero = 0.f, one = 1.f;
+    check_lt(lt().matmul(lt().handle, plan.desc, &alpha, w, plan.a, hi, plan.b, &zero, out, plan.c,
+                         out, plan.c, &plan.algo, workspace, workspace_bytes, stream),
+             "Matmul");
+    check_lt(lt().matmul(lt().handle, plan.desc, &alpha, w, plan.a, lo, plan.b, &one, out, plan.c,
                          out, plan.c, &plan.algo, workspace, workspace_bytes, stream),
              "Matmul");
     return;

@@ -1,6 +1,7 @@
 // Small-batch matrix-vector product for decode: out[r, n] = sum_k x[r, k] * w[n, k], fp32
 // accumulation, for up to kGemvMaxRows rows. Memory-bound on w: one warp per output feature
-// streams its weight row in 16-byte loads, each load reused for every batch row.
+// streams its weight row in 16-byte loads, each load reused for every batch row; the fp32
+// activations are small and stay in cache.
 #include "../common.cuh"
 #include "kernels.h"
 
@@ -17,7 +18,7 @@ __device__ __forceinline__ void unpack8(const uint4& raw, float* f) {
 }
 
 template <int R>
-__global__ void __launch_bounds__(256) gemv_kernel(const bf16* __restrict__ x,
+__global__ void __launch_bounds__(256) gemv_kernel(const float* __restrict__ x,
                                                    const bf16* __restrict__ w,
                                                    float* __restrict__ out, int n, int k) {
   const int feature = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
@@ -34,10 +35,10 @@ __global__ void __launch_bounds__(256) gemv_kernel(const bf16* __restrict__ x,
     unpack8(__ldg(wrow + c), wf);
 #pragma unroll
     for (int r = 0; r < R; ++r) {
-      float xf[8];
-      unpack8(__ldg(reinterpret_cast<const uint4*>(x + (size_t)r * k) + c), xf);
-#pragma unroll
-      for (int e = 0; e < 8; ++e) acc[r] += wf[e] * xf[e];
+      const float4* xr = reinterpret_cast<const float4*>(x + (size_t)r * k) + 2 * c;
+      const float4 a = __ldg(xr), b = __ldg(xr + 1);
+      acc[r] += wf[0] * a.x + wf[1] * a.y + wf[2] * a.z + wf[3] * a.w + wf[4] * b.x + wf[5] * b.y +
+                wf[6] * b.z + wf[7] * b.w;
     }
   }
 #pragma unroll
@@ -47,7 +48,7 @@ __global__ void __launch_bounds__(256) gemv_kernel(const bf16* __restrict__ x,
   }
 }
 
-void launch_gemv(const bf16* x, const bf16* w, float* out, int rows, int n, int k,
+void launch_gemv(const float* x, const bf16* w, float* out, int rows, int n, int k,
                  cudaStream_t stream) {
   HEARTH_REQUIRE(rows >= 1 && rows <= kGemvMaxRows && n > 0 && k > 0, "gemv: bad shape");
   HEARTH_REQUIRE(k % 8 == 0, "gemv: k must be a multiple of 8");

@@ -15,8 +15,8 @@ void launch_embedding(const int32_t* ids, int tokens, const bf16* table, int voc
                       float* out, cudaStream_t stream);
 
 // rmsnorm.cu: residual += delta (when delta != nullptr), then
-// out = bf16(residual * rsqrt(mean(residual^2) + eps) * weight), per row.
-void launch_rmsnorm_residual(float* residual, const float* delta, const bf16* weight, bf16* out,
+// out = residual * rsqrt(mean(residual^2) + eps) * weight, per row (fp32).
+void launch_rmsnorm_residual(float* residual, const float* delta, const bf16* weight, float* out,
                              int rows, int hidden, float eps, cudaStream_t stream);
 
 // bias.cu: x[r, c] += bias[c] for x [rows, cols].
@@ -35,7 +35,7 @@ void launch_rope_kv_write(const float* qkv, int tokens, int heads, int kv_heads,
 
 // Paged attention. q [rows, H*hd] fp32; caches [slot, KV, hd] bf16; block_tables [tables, max_blocks]
 // (physical block ids); row_table[r] picks a row's table; kv_lens[r] keys visible to row r
-// (causal: its position + 1). out [rows, H*hd] bf16.
+// (causal: its position + 1). out [rows, H*hd] fp32.
 struct PagedAttention {
   const float* q;
   const bf16* k_cache;
@@ -43,7 +43,7 @@ struct PagedAttention {
   const int32_t* block_tables;
   const int32_t* row_table;
   const int32_t* kv_lens;
-  bf16* out;
+  float* out;
   int rows, heads, kv_heads, head_dim, block_size, max_blocks;
   float scale;
 };
@@ -56,23 +56,27 @@ void launch_decode_attention(const PagedAttention& p, int split_len, int max_spl
 // attention_prefill.cu: many queries (a prompt chunk) attending causally to the paged cache.
 void launch_prefill_attention(const PagedAttention& p, cudaStream_t stream);
 
-// swiglu.cu: gate_up [rows, 2*inter] (gate first) -> out bf16 [rows, inter] = silu(gate) * up.
-void launch_swiglu(const float* gate_up, bf16* out, int rows, int inter, cudaStream_t stream);
+// swiglu.cu: gate_up [rows, 2*inter] (gate first) -> out [rows, inter] = silu(gate) * up.
+void launch_swiglu(const float* gate_up, float* out, int rows, int inter, cudaStream_t stream);
 
-// gemv.cu: out [rows, n] fp32 = x [rows, k] bf16 @ w [n, k]^T bf16, rows <= kGemvMaxRows.
+// Activations stay fp32 between ops; weights are bf16; products accumulate in fp32.
+// gemv.cu: out [rows, n] fp32 = x [rows, k] fp32 @ w [n, k]^T bf16, rows <= kGemvMaxRows.
 constexpr int kGemvMaxRows = 8;
-void launch_gemv(const bf16* x, const bf16* w, float* out, int rows, int n, int k,
+void launch_gemv(const float* x, const bf16* w, float* out, int rows, int n, int k,
                  cudaStream_t stream);
 
-// gemm.cu: the same product for many rows, through cuBLASLt (loaded at first use) or, where the
-// library cannot be loaded, a tiled kernel. `workspace` may be null.
-void launch_gemm(const bf16* x, const bf16* w, float* out, int rows, int n, int k,
+// gemm.cu: the same product for many rows, through cuBLASLt (loaded at first use) on bf16 tensor
+// cores, x split into two bf16 operands x = hi + lo (split: 2*rows*k bf16 of scratch) so the
+// activations keep ~16 bits of mantissa; where the library cannot be loaded, a tiled kernel.
+void launch_gemm(const float* x, const bf16* w, float* out, int rows, int n, int k, bf16* split,
                  void* workspace, size_t workspace_bytes, cudaStream_t stream);
-void launch_gemm_tiled(const bf16* x, const bf16* w, float* out, int rows, int n, int k,
+void launch_gemm_tiled(const float* x, const bf16* w, float* out, int rows, int n, int k,
                        cudaStream_t stream);
 bool cublaslt_available();      // tries to load libcublasLt once
 const char* gemm_backend_name();
 
+// convert.cu: hi = bf16(x), lo = bf16(x - hi) (the two operands of an fp32 activation).
+void launch_split_bf16(const float* x, bf16* hi, bf16* lo, int64_t count, cudaStream_t stream);
 // convert.cu: dst[i] = bf16(src[i]) from fp16 (src_dtype 1) or fp32 (src_dtype 2).
 void launch_convert_to_bf16(const void* src, int src_dtype, bf16* dst, int64_t count,
                             cudaStream_t stream);

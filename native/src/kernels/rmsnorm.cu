@@ -1,13 +1,13 @@
 // RMSNorm fused with the residual add: residual += delta (optional), then
-// out = bf16(residual * rsqrt(mean(residual^2) + eps) * weight). One block per row; the residual
-// stream stays fp32, the normalized output is the bf16 input of the next matrix product.
+// out = residual * rsqrt(mean(residual^2) + eps) * weight. One block per row; the residual stream
+// and the normalized output (input of the next matrix product) are fp32.
 #include "../common.cuh"
 #include "kernels.h"
 
 namespace hearth {
 
 __global__ void rmsnorm_residual_kernel(float* __restrict__ residual, const float* __restrict__ delta,
-                                        const bf16* __restrict__ weight, bf16* __restrict__ out,
+                                        const bf16* __restrict__ weight, float* __restrict__ out,
                                         int hidden, float eps) {
   __shared__ float scratch[32];
   const size_t base = (size_t)blockIdx.x * hidden;
@@ -24,10 +24,10 @@ __global__ void rmsnorm_residual_kernel(float* __restrict__ residual, const floa
   const float total = block_sum(sq, scratch);
   const float inv = rsqrtf(total / (float)hidden + eps);
   for (int i = threadIdx.x; i < hidden; i += blockDim.x)
-    out[base + i] = __float2bfloat16(x[i] * inv * __bfloat162float(weight[i]));
+    out[base + i] = x[i] * inv * __bfloat162float(weight[i]);
 }
 
-void launch_rmsnorm_residual(float* residual, const float* delta, const bf16* weight, bf16* out,
+void launch_rmsnorm_residual(float* residual, const float* delta, const bf16* weight, float* out,
                              int rows, int hidden, float eps, cudaStream_t stream) {
   HEARTH_REQUIRE(rows >= 0 && hidden > 0, "rmsnorm: bad shape");
   if (rows == 0) return;

@@ -18,7 +18,7 @@ void embedding(uintptr_t ids, int tokens, uintptr_t table, int vocab, int hidden
 void rmsnorm_residual(uintptr_t residual, uintptr_t delta, uintptr_t weight, uintptr_t out,
                       int rows, int hidden, float eps) {
   launch_rmsnorm_residual(P<float>(residual), P<const float>(delta), P<const bf16>(weight),
-                          P<bf16>(out), rows, hidden, eps, 0);
+                          P<float>(out), rows, hidden, eps, 0);
   sync();
 }
 
@@ -51,7 +51,7 @@ void paged_attention(const std::string& mode, uintptr_t q, uintptr_t k_cache, ui
                      int max_blocks, float scale, int split_len) {
   PagedAttention p{P<const float>(q), P<const bf16>(k_cache), P<const bf16>(v_cache),
                    P<const int32_t>(block_tables), P<const int32_t>(row_table),
-                   P<const int32_t>(kv_lens), P<bf16>(out), rows, heads, kv_heads, head_dim,
+                   P<const int32_t>(kv_lens), P<float>(out), rows, heads, kv_heads, head_dim,
                    block_size, max_blocks, scale};
   if (mode == "prefill") {
     launch_prefill_attention(p, 0);
@@ -68,19 +68,21 @@ void paged_attention(const std::string& mode, uintptr_t q, uintptr_t k_cache, ui
 }
 
 void swiglu(uintptr_t gate_up, uintptr_t out, int rows, int inter) {
-  launch_swiglu(P<const float>(gate_up), P<bf16>(out), rows, inter, 0);
+  launch_swiglu(P<const float>(gate_up), P<float>(out), rows, inter, 0);
   sync();
 }
 
 void matmul(const std::string& path, uintptr_t x, uintptr_t w, uintptr_t out, int rows, int n, int k) {
   if (path == "gemv") {
-    launch_gemv(P<const bf16>(x), P<const bf16>(w), P<float>(out), rows, n, k, 0);
+    launch_gemv(P<const float>(x), P<const bf16>(w), P<float>(out), rows, n, k, 0);
   } else if (path == "gemm") {
     DeviceBuffer ws(32u << 20, "cuBLASLt workspace");
-    launch_gemm(P<const bf16>(x), P<const bf16>(w), P<float>(out), rows, n, k, ws.get(), ws.bytes(), 0);
+    DeviceBuffer split((size_t)rows * k * 2 * 2, "activation split");
+    launch_gemm(P<const float>(x), P<const bf16>(w), P<float>(out), rows, n, k, split.as<bf16>(),
+                ws.get(), ws.bytes(), 0);
     sync();
   } else if (path == "tiled") {
-    launch_gemm_tiled(P<const bf16>(x), P<const bf16>(w), P<float>(out), rows, n, k, 0);
+    launch_gemm_tiled(P<const float>(x), P<const bf16>(w), P<float>(out), rows, n, k, 0);
   } else {
     throw std::invalid_argument("matmul: path must be gemv, gemm or tiled");
   }

@@ -136,11 +136,12 @@ void Model::plan_memory() {
   const size_t C = chunk_, B = cache_.max_batch;
   const size_t xn_width = std::max({H, (size_t)q_size_, I});
   std::vector<size_t> parts = {
-      C * H * 4, C * H * 4, C * xn_width * 2, C * qkv_size_ * 4, C * q_size_ * 4,
+      C * H * 4, C * H * 4, C * xn_width * 4, C * qkv_size_ * 4, C * q_size_ * 4,
       C * 2 * I * 4, C * V * 4,
       B * cfg_.heads * kMaxSplits * 2 * 4, B * cfg_.heads * kMaxSplits * hd * 4,
       B * V * 4, hd / 2 * 4, B * sizeof(SampleRow), B * 4,
-      (5 * C + std::max<size_t>(B, 1) * cache_.max_sequence_blocks) * 4, lt_workspace_bytes_};
+      (5 * C + std::max<size_t>(B, 1) * cache_.max_sequence_blocks) * 4, lt_workspace_bytes_,
+      2 * C * xn_width * 2};
   size_t workspace_bytes = 0;
   for (size_t& p : parts) p = align_up(p, 256), workspace_bytes += p;
 
@@ -194,7 +195,7 @@ void Model::plan_memory() {
   auto next = [&]() { char* r = p; p += parts[i++]; return r; };
   resid_ = reinterpret_cast<float*>(next());
   delta_ = reinterpret_cast<float*>(next());
-  xn_ = reinterpret_cast<bf16*>(next());
+  xn_ = reinterpret_cast<float*>(next());
   qkv_ = reinterpret_cast<float*>(next());
   q_ = reinterpret_cast<float*>(next());
   gate_up_ = reinterpret_cast<float*>(next());
@@ -208,6 +209,7 @@ void Model::plan_memory() {
   meta_ = reinterpret_cast<int32_t*>(next());
   meta_ints_ = parts[i - 1] / 4;
   lt_workspace_ = next();
+  split_ = reinterpret_cast<bf16*>(next());
 
   HEARTH_CUDA(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   HEARTH_CUDA(cudaEventCreateWithFlags(&meta_done_, cudaEventDisableTiming));
@@ -322,11 +324,11 @@ void Model::check_tokens(const std::vector<int32_t>& tokens) const {
                               std::to_string(cfg_.vocab));
 }
 
-void Model::matmul(const bf16* x, const bf16* w, float* out, int rows, int n, int k) {
+void Model::matmul(const float* x, const bf16* w, float* out, int rows, int n, int k) {
   if (rows <= kGemvMaxRows && k % 8 == 0)
     launch_gemv(x, w, out, rows, n, k, stream_);
   else
-    launch_gemm(x, w, out, rows, n, k, lt_workspace_, lt_workspace_bytes_, stream_);
+    launch_gemm(x, w, out, rows, n, k, split_, lt_workspace_, lt_workspace_bytes_, stream_);
 }
 
 void Model::prefill(int seq, const std::vector<int32_t>& tokens, float* all_logits) {

@@ -99,7 +99,7 @@ class Model {
   void plan_memory();
   bf16* slot_pointer(Slot slot, int layer, int64_t* numel);
   void forward(const Step& step, bool decode_mode, int logit_first, int logit_count);
-  void matmul(const bf16* x, const bf16* w, float* out, int rows, int n, int k);
+  void matmul(const float* x, const bf16* w, float* out, int rows, int n, int k);
   void check_tokens(const std::vector<int32_t>& tokens) const;
 
   ModelConfig cfg_;
@@ -118,7 +118,8 @@ class Model {
   // workspace views
   float *resid_, *delta_, *qkv_, *q_, *gate_up_, *logits_, *part_ml_, *part_acc_, *sample_work_,
       *inv_freq_;
-  bf16* xn_;
+  float* xn_;
+  bf16* split_;
   int32_t *meta_, *tokens_;
   SampleRow* sample_params_;
   void* lt_workspace_;
