@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from dataclasses import dataclass
 
 from PySide6.QtCore import Qt
@@ -9,6 +10,8 @@ from PySide6.QtGui import QColor, QPalette
 from PySide6.QtWidgets import QApplication
 
 from . import render
+
+CHEVRON = (Path(__file__).resolve().parents[1] / "resources" / "chevron-down.svg").as_posix()
 
 
 @dataclass(frozen=True)
@@ -81,6 +84,7 @@ def apply(app: QApplication) -> Theme:
 
 
 def stylesheet(t: Theme) -> str:
+    CHEVRON_ = CHEVRON  # noqa: F841 (used in the f-string below)
     return f"""
 QWidget {{ font-size: 10pt; }}
 QMainWindow, QWidget#page {{ background: {t.window}; }}
@@ -109,6 +113,10 @@ QLineEdit, QPlainTextEdit, QSpinBox, QDoubleSpinBox, QComboBox {{ background: {t
     border: 1px solid {t.border}; border-radius: 7px; padding: 5px 8px; selection-background-color: {t.accent}; }}
 QLineEdit:focus, QPlainTextEdit:focus, QSpinBox:focus, QDoubleSpinBox:focus, QComboBox:focus {{
     border-color: {t.accent}; }}
+QComboBox::drop-down {{ border: none; width: 26px; }}
+QComboBox::down-arrow {{ image: url({CHEVRON_}); width: 12px; height: 12px; }}
+QComboBox QAbstractItemView {{ background: {t.surface}; border: 1px solid {t.border}; selection-background-color: {t.accent_soft};
+    selection-color: {t.text}; outline: none; padding: 4px; }}
 QPlainTextEdit#composer {{ border-radius: 10px; padding: 8px 10px; }}
 QTableView, QListWidget {{ background: {t.surface}; border: 1px solid {t.border}; border-radius: 8px;
     gridline-color: {t.border}; selection-background-color: {t.accent_soft}; selection-color: {t.text};

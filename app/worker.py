@@ -23,6 +23,7 @@ import traceback
 from dataclasses import asdict, is_dataclass
 from typing import Optional
 
+from . import qtcompat  # noqa: F401  (must run before the app makes Qt calls)
 from PySide6.QtCore import QObject, Qt, QThread, QTimer, Signal, Slot
 
 log = logging.getLogger("hearth.app")
@@ -139,7 +140,10 @@ class EngineWorker(QObject):
             else:
                 from engine import Engine
                 self.engine = Engine(backend=backend or "auto", home=home or None)
-            self.ready.emit(str(getattr(self.engine, "backend_name", None) or backend or "auto"))
+            name = str(getattr(self.engine, "backend", None) or getattr(self.engine, "backend_name", None)
+                       or backend or "auto")
+            note = getattr(self.engine, "backend_note", "")
+            self.ready.emit(f"{name} ({note})" if note else name)
             self._emit_library()
         self._run("start", backend, go)
 
@@ -160,7 +164,10 @@ class EngineWorker(QObject):
         def go():
             plan = self.engine.memory_plan(key)
             free, total, device = self.engine.free_memory()
-            fit = plan.fits(free)
+            try:
+                fit = plan.fits(free, device)
+            except TypeError:
+                fit = plan.fits(free)
             self.memory_planned.emit(key, {
                 "weight_bytes": plan.weight_bytes, "kv_bytes_per_token": plan.kv_bytes_per_token,
                 "kv_bytes": plan.kv_bytes, "workspace_bytes": plan.workspace_bytes,
@@ -224,10 +231,13 @@ class EngineWorker(QObject):
         self._run("unload", model_id, lambda: self._unload(model_id))
 
     def _unload(self, model_id: str) -> None:
+        active = self._active
+        if active is not None and active.request.model_id == model_id:
+            # The suspended reply still uses this model's runner: end it (cancel stops it within a step).
+            self.stop(active.request.chat_id)
+            self._drain(active)
         for chat_id, (sid, mid, _) in list(self._sessions.items()):
             if mid == model_id:
-                if self._active is not None and self._active.sid == sid:
-                    self.stop(chat_id)
                 self._sessions.pop(chat_id, None)
         try:
             self.engine.clear_sessions(model_id)
@@ -275,12 +285,28 @@ class EngineWorker(QObject):
                 self._active = _Generation(request, sid, events)
             QTimer.singleShot(0, self._step)
 
+    def _drain(self, gen: "_Generation") -> None:
+        """Run a cancelled reply to its end now (used before its model goes away)."""
+        stats = {"stop_reason": "cancelled"}
+        try:
+            for event in gen.events:
+                if hasattr(event, "stats"):
+                    stats = stats_dict(event.stats)
+                    break
+                if getattr(event, "text", None):
+                    gen.buffer.append(event.text)
+        except Exception:
+            log.debug("draining a cancelled reply", exc_info=True)
+        self._end(gen, stats)
+
     def _session_for(self, request) -> str:
         entry = self._sessions.get(request.chat_id)
         system = request.system_prompt or None
         if entry is not None and entry[1] == request.model_id and entry[2] == system:
             try:
-                self.engine.set_history(entry[0], list(request.turns))
+                # set_history replaces the whole conversation, the system message included
+                prefix = [{"role": "system", "content": system}] if system else []
+                self.engine.set_history(entry[0], prefix + list(request.turns))
                 return entry[0]
             except Exception:  # e.g. UnknownSession after an unload: start afresh
                 log.debug("set_history failed; new session", exc_info=True)
@@ -440,10 +466,18 @@ class EngineClient(QObject):
                               (self._release, self.worker.release_chat),
                               (self._shutdown, self.worker.shutdown)):
             request.connect(slot, q)
+        # NB: never connect a callable that returns a bool: PySide6 6.12 then corrupts the refcount
+        # of True/False and the interpreter aborts (bool_dealloc). Slots here return None.
         self.busy: dict[str, str] = {}   # op -> key, for ops running now
-        self.started.connect(lambda op, key: self.busy.__setitem__(op, key))
-        self.done.connect(lambda op, key: self.busy.pop(op, None))
+        self.started.connect(self._op_started)
+        self.done.connect(self._op_done)
         self.thread.start()
+
+    def _op_started(self, op: str, key: str) -> None:
+        self.busy[op] = key
+
+    def _op_done(self, op: str, key: str) -> None:
+        self.busy.pop(op, None)
 
     def start(self, backend: str = "auto", home: Optional[str] = None) -> None:
         self._start_engine.emit(backend, home or os.environ.get("HEARTH_HOME", ""))

@@ -79,7 +79,7 @@ class ChatState:
         if not text:
             raise ValueError("nothing to send")
         if self.chat.title == "New chat" and not any(m.role == "user" for m in self.messages):
-            title = " ".join(text.split())
+            title = " ".join(text.replace("*", "").replace("`", "").replace("#", "").split()) or "Chat"
             title = title if len(title) <= TITLE_CHARS else title[:TITLE_CHARS - 1].rstrip() + "…"
             self.store.rename_chat(self.chat.id, title)
             self.chat.title = title

@@ -30,6 +30,18 @@ def human_count(n: Optional[int]) -> str:
     return str(n)
 
 
+def weights_digest(sha) -> str:
+    """A manifest's sha256 ({file name: hex digest}, or one hex digest) as one stored string."""
+    if not sha:
+        return ""
+    if isinstance(sha, dict):
+        if len(sha) == 1:
+            return str(next(iter(sha.values())))
+        import json
+        return json.dumps(sha, sort_keys=True)
+    return str(sha)
+
+
 @dataclass
 class LibraryRow:
     id: str
@@ -39,7 +51,7 @@ class LibraryRow:
     quantization: str
     context_length: int
     bytes: int
-    sha256: str
+    sha256: str            # the weights' digest (one file), or a JSON {file: digest} for several
     source: str
     parameter_count: Optional[int] = None    # from inspect (the manifest does not carry it)
     loaded: bool = False
@@ -51,7 +63,7 @@ class LibraryRow:
                    path=str(d.get("path", "")), architecture=str(d.get("architecture") or ""),
                    quantization=str(d.get("quantization") or ""),
                    context_length=int(d.get("context_length") or 0), bytes=int(d.get("bytes") or 0),
-                   sha256=str(d.get("sha256") or ""), source=str(d.get("source") or ""),
+                   sha256=weights_digest(d.get("sha256")), source=str(d.get("source") or ""),
                    parameter_count=d.get("parameter_count"))
 
 

@@ -16,8 +16,7 @@ class SettingsPanel(QScrollArea):
     def __init__(self, parent=None):
         super().__init__(parent)
         self.setWidgetResizable(True)
-        self.setMinimumWidth(250)
-        self.setMaximumWidth(300)
+        self.setFixedWidth(270)
         self.setHorizontalScrollBarPolicy(Qt.ScrollBarAlwaysOff)
         inner = QWidget()
         inner.setObjectName("page")
@@ -52,7 +51,7 @@ class SettingsPanel(QScrollArea):
         self._sp_timer = QTimer(self)
         self._sp_timer.setSingleShot(True)
         self._sp_timer.setInterval(400)
-        self._sp_timer.timeout.connect(lambda: self.system_prompt_changed.emit(self.system_prompt.toPlainText()))
+        self._sp_timer.timeout.connect(self._emit_system_prompt)
         self.system_prompt.textChanged.connect(self._sp_timer.start)
         sp.addWidget(self.system_prompt)
 
@@ -106,6 +105,8 @@ class SettingsPanel(QScrollArea):
         box.setSingleStep(step)
         box.setDecimals(decimals)
         box.setAccessibleName(label)
+        box.setButtonSymbols(QDoubleSpinBox.NoButtons)
+        box.setAlignment(Qt.AlignRight)
         box.valueChanged.connect(self._changed)
         form.addRow(label, box)
         return box
@@ -115,6 +116,8 @@ class SettingsPanel(QScrollArea):
         box.setRange(lo, hi)
         if special:
             box.setSpecialValueText(special)
+        box.setButtonSymbols(QSpinBox.NoButtons)
+        box.setAlignment(Qt.AlignRight)
         box.setAccessibleName(label)
         box.valueChanged.connect(self._changed)
         form.addRow(label, box)
@@ -143,6 +146,9 @@ class SettingsPanel(QScrollArea):
         self.system_prompt.blockSignals(True)
         self.system_prompt.setPlainText(text or "")
         self.system_prompt.blockSignals(False)
+
+    def _emit_system_prompt(self) -> None:
+        self.system_prompt_changed.emit(self.system_prompt.toPlainText())
 
     def _changed(self, *_):
         if not self._quiet:

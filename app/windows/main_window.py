@@ -9,7 +9,7 @@ from typing import Optional
 from PySide6.QtCore import QSettings, QSize, Qt
 from PySide6.QtGui import QIcon, QKeySequence, QShortcut
 from PySide6.QtWidgets import (QButtonGroup, QComboBox, QFrame, QHBoxLayout, QLabel, QMainWindow, QPushButton,
-                               QStackedWidget, QToolButton, QVBoxLayout, QWidget)
+                               QSizePolicy, QStackedWidget, QToolButton, QVBoxLayout, QWidget)
 
 from .. import theme
 from ..models.chat import ChatState
@@ -130,6 +130,8 @@ class MainWindow(QMainWindow):
         self.chat_title = QLabel("")
         self.chat_title.setObjectName("title")
         self.chat_title.setAccessibleName("Chat title")
+        self.chat_title.setMinimumWidth(80)
+        self.chat_title.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Preferred)
         header.addWidget(self.chat_title, 1)
         self.model_combo = QComboBox()
         self.model_combo.setAccessibleName("Model for this chat")
@@ -139,6 +141,12 @@ class MainWindow(QMainWindow):
         self.choose_model.setAccessibleName("Go to the model library")
         self.choose_model.clicked.connect(lambda: self.show_page(MODELS))
         header.addWidget(self.choose_model)
+        self.settings_toggle = QPushButton("Settings")
+        self.settings_toggle.setCheckable(True)
+        self.settings_toggle.setChecked(True)
+        self.settings_toggle.setAccessibleName("Show sampling settings and figures")
+        self.settings_toggle.setToolTip("Show or hide the system prompt, sampling and live figures")
+        header.addWidget(self.settings_toggle)
         middle.addLayout(header)
         self.chat_view = ChatView()
         middle.addWidget(self.chat_view, 1)
@@ -147,6 +155,7 @@ class MainWindow(QMainWindow):
         cl.addLayout(middle, 1)
         self.side = SettingsPanel()
         cl.addWidget(self.side)
+        self.settings_toggle.toggled.connect(self.side.setVisible)
         self.pages.addWidget(chat_page)
 
         self.manager = ModelManager(self.library)
@@ -553,6 +562,13 @@ class MainWindow(QMainWindow):
         self.settings.setValue("chat/system_prompt", text)
 
     # ------------------------------------------------------------------ theme, close
+    def resizeEvent(self, event) -> None:
+        super().resizeEvent(event)
+        narrow = self.width() < 1180
+        if narrow != getattr(self, "_narrow", None):   # the side panel gives way on small windows
+            self._narrow = narrow
+            self.settings_toggle.setChecked(not narrow)
+
     def apply_theme(self) -> None:
         self.chat_view.rerender()
 
