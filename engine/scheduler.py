@@ -187,11 +187,12 @@ class ModelLoop:
                 self._accept([r], runner.sample([r.state]))
             return
         batch = action.batch
-        runner.decode([r.seq for r in batch], [r.pending for r in batch])
+        tokens = runner.decode_and_sample([r.seq for r in batch], [r.pending for r in batch],
+                                          [r.state for r in batch])
         for r in batch:
             r.fed.append(r.pending)
             r.pending = None
-        self._accept(batch, runner.sample([r.state for r in batch]))
+        self._accept(batch, tokens)
 
     def _accept(self, batch: Sequence[Request], tokens: Sequence[int]) -> None:
         for r, token in zip(batch, tokens):

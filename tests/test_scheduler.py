@@ -108,6 +108,10 @@ class CountingRunner:
     def sample(self, states):
         return [7] * len(states)
 
+    def decode_and_sample(self, seqs, tokens, states):
+        self.decode(seqs, tokens)
+        return self.sample(states)
+
 
 def test_loop_cancels_within_one_step():
     runner = CountingRunner()

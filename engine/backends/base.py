@@ -57,6 +57,16 @@ class ModelRunner(ABC):
     def sample(self, states: Sequence[SamplerState]) -> list[int]:
         """One token per row of the last logits. Does not advance the states."""
 
+    def decode_and_sample(self, seqs: Sequence[int], token_ids: Sequence[int],
+                          states: Sequence[SamplerState]) -> list[int]:
+        """One whole decode step: feed one token per sequence and sample the next.
+
+        The scheduler calls this once per step. A backend may override it to run the step in one
+        native call (graph replay, device sampling, one token id per sequence read back).
+        """
+        self.decode(seqs, token_ids)
+        return self.sample(states)
+
     @abstractmethod
     def last_logits(self) -> np.ndarray:
         """float32 [rows, vocab] of the last prefill or decode (tests and scoring)."""
