@@ -71,6 +71,7 @@ class EngineWorker(QObject):
     # --- the fixed vocabulary (emitted in the worker thread) ---
     started = Signal(str, str)              # op, key
     done = Signal(str, str)                 # op, key: after every op, whether it worked or not
+    #                                         (key: the path or model id; for "generate", the reply id)
     failed = Signal(str, str)               # kind, message (a HearthError's, or "internal")
     ready = Signal(str)                     # the engine is up; backend description
     progress = Signal(object)               # engine.progress.ProgressEvent (loads and imports)
@@ -145,7 +146,24 @@ class EngineWorker(QObject):
             note = getattr(self.engine, "backend_note", "")
             self.ready.emit(f"{name} ({note})" if note else name)
             self._emit_library()
+            self._warm_imports(name)
         self._run("start", backend, go)
+
+    @staticmethod
+    def _warm_imports(backend: str) -> None:
+        """Import the backend now, while the user looks at the window, not during their first load.
+
+        Importing torch and its op registry holds the GIL for long stretches (the GUI thread then
+        waits 100+ ms at a time); here it happens once, right after start-up, before any load.
+        """
+        modules = {"torch": ["engine.backends.torch_ref", "engine.tokenizer", "engine.chat_template"],
+                   "cuda-native": ["engine.backends.cuda_native", "engine.tokenizer", "engine.chat_template"]}
+        import importlib
+        for name in modules.get(backend, []):
+            try:
+                importlib.import_module(name)
+            except Exception:   # a missing backend is reported when it is used, not here
+                log.debug("warm import of %s failed", name, exc_info=True)
 
     @Slot()
     def refresh_library(self) -> None:
@@ -266,20 +284,20 @@ class EngineWorker(QObject):
     def _start_next(self) -> None:
         while self._pending and self._active is None:
             request = self._pending.popleft()
-            self.started.emit("generate", request.chat_id)
+            self.started.emit("generate", str(request.reply_id))
             with self._lock:
                 stopped_early = request.chat_id in self._stop_requested
                 self._stop_requested.discard(request.chat_id)
             if stopped_early:
                 self.finished.emit(request.chat_id, {"stop_reason": "cancelled", "generated_tokens": 0})
-                self.done.emit("generate", request.chat_id)
+                self.done.emit("generate", str(request.reply_id))
                 continue
             try:
                 sid = self._session_for(request)
                 events = iter(self.engine.respond(sid, sampling_params(request.params)))
             except Exception as exc:
                 self._report(exc)
-                self.done.emit("generate", request.chat_id)
+                self.done.emit("generate", str(request.reply_id))
                 continue
             with self._lock:
                 self._active = _Generation(request, sid, events)
@@ -386,7 +404,7 @@ class EngineWorker(QObject):
         self._flush(gen)
         if stats is not None:
             self.finished.emit(chat_id, stats)
-        self.done.emit("generate", chat_id)
+        self.done.emit("generate", str(gen.request.reply_id))
         if self._pending:
             QTimer.singleShot(0, self._start_next)
 

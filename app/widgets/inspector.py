@@ -63,8 +63,13 @@ class TensorFilter(QSortFilterProxyModel):
         self.setSortRole(Qt.UserRole)
 
     def set_text(self, text: str) -> None:
-        self.words = text.lower().split()
-        self.invalidateRowsFilter()
+        if hasattr(self, "beginFilterChange"):          # Qt 6.10+
+            self.beginFilterChange()
+            self.words = text.lower().split()
+            self.endFilterChange(QSortFilterProxyModel.Direction.Rows)
+        else:
+            self.words = text.lower().split()
+            self.invalidateRowsFilter()
 
     def filterAcceptsRow(self, row, parent):
         if not self.words:

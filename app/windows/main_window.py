@@ -47,7 +47,6 @@ class MainWindow(QMainWindow):
         self.backend = ""
         self._user_inspects: set[str] = set()
         self._counted: set[str] = set()
-        self._finished: set[str] = set()
         self._library_seen = False
         self.setWindowTitle("Hearth")
         self.setWindowIcon(app_icon())
@@ -193,7 +192,7 @@ class MainWindow(QMainWindow):
         self.nav.idClicked.connect(self.show_page)
         self.load_progress.cancel_requested.connect(self.client.cancel_load)
         m = self.manager
-        m.import_requested.connect(self.client.import_path)
+        m.import_requested.connect(self.import_path)
         m.install_default_requested.connect(lambda: self.client.install_default(False))
         m.remove_requested.connect(self.client.remove)
         m.load_requested.connect(self.load_model)
@@ -328,9 +327,10 @@ class MainWindow(QMainWindow):
                 self.load_progress.end()
                 self.manager.set_busy(False)
         if op == "generate":
-            if key not in self._finished:
-                self.chat.fail("the engine stopped before finishing")   # failed() already showed why
-            self._finished.discard(key)
+            streaming = self.chat.streaming
+            if streaming is not None and str(streaming.id) == key:
+                # no `finished` came for this reply: the engine raised (failed() showed why)
+                self.chat.fail("the engine stopped before finishing")
             self._show_chat_state()
 
     def _loaded(self, handle) -> None:
@@ -364,7 +364,6 @@ class MainWindow(QMainWindow):
             self.side.show_live(live)
 
     def _finished_reply(self, chat_id: str, stats: dict) -> None:
-        self._finished.add(chat_id)
         if self.chat.streaming is not None and self.chat.streaming.chat_id == chat_id:
             self.chat.finish(stats)
         if self.chat.chat is not None and self.chat.chat.id == chat_id:
@@ -375,7 +374,13 @@ class MainWindow(QMainWindow):
     def load_model(self, model_id: str) -> None:
         if self.client.busy.get("load"):
             return
+        row = self.library.row(model_id)
+        self.load_progress.begin(f"Loading {row.name if row else Path(model_id).name}")   # at once, not on reply
         self.client.load(model_id)
+
+    def import_path(self, path: str) -> None:
+        self.load_progress.begin(f"Importing {Path(path).name}", importing=True)
+        self.client.import_path(path)
 
     def inspect(self, key: str) -> None:
         self._user_inspects.add(key)
@@ -522,7 +527,6 @@ class MainWindow(QMainWindow):
 
     def _start(self, request) -> None:
         self.side.clear_figures()
-        self._finished.discard(request.chat_id)
         self.client.generate(request)
         self.refresh_sessions()
         self._show_chat_state()
