@@ -87,3 +87,17 @@ def test_default_model_greedy_generation_matches_transformers(default_model, def
             assert ref_text.startswith(text)
         else:
             assert stats.generated_tokens == 32 and text == ref_text, prompt
+
+
+def test_bf16_kv_storage_is_a_small_perturbation(synth):
+    """kv_dtype=bfloat16 keeps fp32 compute over a bf16 cache (cuda-native's cache format)."""
+    folder = synth("tiny-llama3", seed=5)
+    info = inspect(folder)
+    ids = list(range(3, 200))
+    exact = load_runner(info, info.plan, RunnerOptions(context_length=256)).score(ids)
+    runner = load_runner(info, info.plan, RunnerOptions(context_length=256, kv_dtype="bfloat16"))
+    stored = runner.score(ids)
+    assert 0 < _rel(stored, exact) < 1e-2
+    seq = runner.allocate_sequence()
+    runner.prefill(seq, ids)
+    assert runner.memory()["kv_bytes"] > 0

@@ -27,6 +27,9 @@ class RunnerOptions:
     kv_blocks: int = 0           # 0 = size the pool from the memory budget
     max_batch: int = 8           # most sequences decoded together
     compute_dtype: str = "float32"  # torch backend: float32 or bfloat16
+    # How the torch backend stores K and V: "auto" = the compute dtype. "bfloat16" stores them as
+    # cuda-native does, so the reference computes in fp32 over the engine's own cache format.
+    kv_dtype: str = "auto"
 
 
 class ModelRunner(ABC):

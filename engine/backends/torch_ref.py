@@ -96,6 +96,7 @@ class TorchRunner(ModelRunner):
         self.options = options
         self.device = torch.device(device)
         self.dtype = COMPUTE_DTYPES[options.compute_dtype]
+        self.kv_dtype = self.dtype if options.kv_dtype == "auto" else COMPUTE_DTYPES[options.kv_dtype]
         self.context_length = options.context_length
         self._load(info, progress)
         self.inv_freq = rope_inverse_frequencies(self.decoder)
@@ -133,8 +134,8 @@ class TorchRunner(ModelRunner):
         seq = _Sequence()
         d = self.decoder
         for _ in range(d.num_layers):
-            seq.keys.append(torch.empty(d.num_kv_heads, 0, d.head_dim, device=self.device, dtype=self.dtype))
-            seq.values.append(torch.empty(d.num_kv_heads, 0, d.head_dim, device=self.device, dtype=self.dtype))
+            seq.keys.append(torch.empty(d.num_kv_heads, 0, d.head_dim, device=self.device, dtype=self.kv_dtype))
+            seq.values.append(torch.empty(d.num_kv_heads, 0, d.head_dim, device=self.device, dtype=self.kv_dtype))
         self._sequences[seq_id] = seq
         return seq_id
 
@@ -165,7 +166,8 @@ class TorchRunner(ModelRunner):
         new_cap = min(self.context_length, max(needed, 2 * capacity, 64))
         for i in range(len(s.keys)):
             for cache in (s.keys, s.values):
-                grown = torch.empty(cache[i].shape[0], new_cap, cache[i].shape[2], device=self.device, dtype=self.dtype)
+                grown = torch.empty(cache[i].shape[0], new_cap, cache[i].shape[2], device=self.device,
+                                    dtype=self.kv_dtype)
                 grown[:, :s.length] = cache[i][:, :s.length]
                 cache[i] = grown
 
@@ -197,8 +199,8 @@ class TorchRunner(ModelRunner):
             k = k * cos + rotate_half(k) * sin
             s.keys[i][:, start:total] = k
             s.values[i][:, start:total] = v
-            keys = s.keys[i][:, :total].repeat_interleave(group, dim=0)
-            values = s.values[i][:, :total].repeat_interleave(group, dim=0)
+            keys = s.keys[i][:, :total].to(self.dtype).repeat_interleave(group, dim=0)
+            values = s.values[i][:, :total].to(self.dtype).repeat_interleave(group, dim=0)
             attn = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
             x = x + F.linear(attn.transpose(0, 1).reshape(n, d.q_size), w.o)
             h = rms_norm(x, w.mlp_norm, d.rms_norm_eps)
@@ -232,7 +234,7 @@ class TorchRunner(ModelRunner):
     def memory(self) -> dict:
         d = self.decoder
         kv = sum(s.keys[0].shape[1] for s in self._sequences.values()) * d.num_layers * 2 * d.kv_size
-        return {"weight_bytes": self.weight_bytes, "kv_bytes": kv * self.layers[0].q.element_size(),
+        return {"weight_bytes": self.weight_bytes, "kv_bytes": kv * self.kv_dtype.itemsize,
                 "sequences": len(self._sequences)}
 
     def close(self) -> None:
