@@ -109,8 +109,12 @@ QPushButton#primary {{ background: {t.accent}; color: {t.accent_text}; border: 1
     font-weight: 600; }}
 QPushButton#primary:disabled {{ background: {t.sunken}; color: {t.muted}; border-color: {t.border}; }}
 QPushButton#danger {{ color: {t.danger}; }}
-QLineEdit, QPlainTextEdit, QSpinBox, QDoubleSpinBox, QComboBox {{ background: {t.surface};
+QLineEdit, QPlainTextEdit, QComboBox {{ background: {t.surface};
     border: 1px solid {t.border}; border-radius: 7px; padding: 5px 8px; selection-background-color: {t.accent}; }}
+QSpinBox, QDoubleSpinBox {{ background: {t.surface}; color: {t.text}; border: 1px solid {t.border};
+    border-radius: 7px; padding: 4px 6px; min-height: 20px; selection-background-color: {t.accent}; }}
+QSpinBox::up-button, QSpinBox::down-button, QDoubleSpinBox::up-button, QDoubleSpinBox::down-button {{
+    width: 0px; border: none; }}
 QLineEdit:focus, QPlainTextEdit:focus, QSpinBox:focus, QDoubleSpinBox:focus, QComboBox:focus {{
     border-color: {t.accent}; }}
 QComboBox::drop-down {{ border: none; width: 26px; }}

@@ -16,12 +16,13 @@ class SettingsPanel(QScrollArea):
     def __init__(self, parent=None):
         super().__init__(parent)
         self.setWidgetResizable(True)
-        self.setFixedWidth(270)
+        self.setFixedWidth(292)
+        self.setFrameShape(QFrame.NoFrame)
         self.setHorizontalScrollBarPolicy(Qt.ScrollBarAlwaysOff)
         inner = QWidget()
         inner.setObjectName("page")
         layout = QVBoxLayout(inner)
-        layout.setContentsMargins(0, 0, 4, 0)
+        layout.setContentsMargins(0, 0, 10, 0)
         layout.setSpacing(12)
 
         # live figures
@@ -59,6 +60,8 @@ class SettingsPanel(QScrollArea):
         sampling = self._card(layout, "Sampling")
         form = QFormLayout()
         form.setHorizontalSpacing(12)
+        form.setFieldGrowthPolicy(QFormLayout.FieldsStayAtSizeHint)
+        form.setFormAlignment(Qt.AlignLeft | Qt.AlignTop)
         form.setVerticalSpacing(6)
         self.temperature = self._double(form, "Temperature", 0.0, 2.0, 0.05, 2)
         self.top_p = self._double(form, "Top-p", 0.01, 1.0, 0.01, 2)
@@ -105,8 +108,7 @@ class SettingsPanel(QScrollArea):
         box.setSingleStep(step)
         box.setDecimals(decimals)
         box.setAccessibleName(label)
-        box.setButtonSymbols(QDoubleSpinBox.NoButtons)
-        box.setAlignment(Qt.AlignRight)
+        box.setFixedWidth(96)
         box.valueChanged.connect(self._changed)
         form.addRow(label, box)
         return box
@@ -116,8 +118,7 @@ class SettingsPanel(QScrollArea):
         box.setRange(lo, hi)
         if special:
             box.setSpecialValueText(special)
-        box.setButtonSymbols(QSpinBox.NoButtons)
-        box.setAlignment(Qt.AlignRight)
+        box.setFixedWidth(96)
         box.setAccessibleName(label)
         box.valueChanged.connect(self._changed)
         form.addRow(label, box)

@@ -30,6 +30,16 @@ RESOURCES = Path(__file__).resolve().parents[2] / "resources"
 CHAT, MODELS, INSPECT = 0, 1, 2
 
 
+class ElidedLabel(QLabel):
+    """A one-line label that ends in … instead of being cut off when the window is narrow."""
+
+    def paintEvent(self, event) -> None:
+        from PySide6.QtGui import QPainter
+        painter = QPainter(self)
+        text = self.fontMetrics().elidedText(self.text(), Qt.ElideRight, self.contentsRect().width())
+        painter.drawText(self.contentsRect(), int(Qt.AlignLeft | Qt.AlignVCenter), text)
+
+
 def app_icon() -> QIcon:
     return QIcon(str(RESOURCES / "hearth.svg"))
 
@@ -126,7 +136,7 @@ class MainWindow(QMainWindow):
         middle.setSpacing(0)
         header = QHBoxLayout()
         header.setContentsMargins(24, 4, 24, 4)
-        self.chat_title = QLabel("")
+        self.chat_title = ElidedLabel("")
         self.chat_title.setObjectName("title")
         self.chat_title.setAccessibleName("Chat title")
         self.chat_title.setMinimumWidth(80)
