@@ -1,97 +1,304 @@
-"""Batch-1 decode throughput of the cuda-native backend beside the roofline and HF transformers.
+"""`hearth bench`: what a desktop user feels, measured in one run on the GPU.
 
-    python -m engine.bench --model DIR [--model DIR ...] [--tokens 128] [--hf] [--json OUT]
+    python -m engine.bench --model DIR [--model DIR ...] [--hf] [--torch] [--json OUT]
 
-Decode is timed end to end as an app sees it: one decode step plus one device sample (one token id
-read back) per token, after a warm-up. The roofline is weight bytes / measured bandwidth.
+For each checkpoint, the cuda-native backend's:
+  - batch-1 decode tok/s (decode_and_sample per token: graph replay, device sampling, one id back),
+    beside the roofline = weight bytes / the read bandwidth MEASURED in this run;
+  - time to first token for 128 / 512 / 2,048-token prompts (prefill + first sample), and
+    prefill tok/s at 2,048;
+  - aggregate decode tok/s with 8 / 32 / 64 sequences decoding together (runner.decode_and_sample);
+  - second-turn time to first token: a 64-token message after a 4,096-token history vs alone;
+  - load GB/s (checkpoint bytes / load time, graph capture included) and peak GPU memory.
+With --hf the same shapes through transformers (bf16, eager); with --torch the torch backend (fp32,
+only checkpoints under 1 GB of weights: it is slow). A table is printed; --json writes every figure.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
+import sys
 import time
 from datetime import date
 
-BANDWIDTH = 4.27e12  # bytes/s, H200 read bandwidth measured in docs (shared GPU.md)
+TTFT_PROMPTS = (128, 512, 2048)
+AGG_BATCHES = (8, 32, 64)
+HISTORY = 4096
+MESSAGE = 64
 
 
-def bench_cuda(path: str, tokens: int) -> dict:
+def measure_bandwidth() -> float:
+    """Read bandwidth in bytes/s: a bf16 sum over 4 GiB, best of 5."""
+    import torch
+
+    x = torch.ones(2 << 30, dtype=torch.bfloat16, device="cuda")
+    x.sum(dtype=torch.float32)
+    torch.cuda.synchronize()
+    best = float("inf")
+    for _ in range(5):
+        start = time.perf_counter()
+        x.sum(dtype=torch.float32)
+        torch.cuda.synchronize()
+        best = min(best, time.perf_counter() - start)
+    nbytes = x.numel() * 2
+    del x
+    torch.cuda.empty_cache()
+    return nbytes / best
+
+
+class _Peak:
+    """Peak device memory in use (cudaMemGetInfo), sampled at each call."""
+
+    def __init__(self):
+        import torch
+
+        self.torch = torch
+        self.base = self._used()
+        self.peak = 0
+
+    def _used(self) -> int:
+        free, total = self.torch.cuda.mem_get_info(0)
+        return total - free
+
+    def __call__(self):
+        self.peak = max(self.peak, self._used() - self.base)
+
+
+def _tokens(n: int, vocab: int, seed: int) -> list[int]:
+    import random
+
+    rng = random.Random(seed)
+    return [rng.randrange(1, vocab) for _ in range(n)]
+
+
+def _ttft(runner, prompt) -> float:
+    from engine.sampling import GREEDY, SamplerState
+
+    seq = runner.allocate_sequence()
+    try:
+        start = time.perf_counter()
+        runner.prefill(seq, prompt)
+        runner.sample([SamplerState.start(GREEDY)])
+        return time.perf_counter() - start
+    finally:
+        runner.release_sequence(seq)
+
+
+def _decode_rate(runner, seqs, first_tokens, steps: int) -> float:
+    from engine.sampling import GREEDY, SamplerState
+
+    states = [SamplerState.start(GREEDY) for _ in seqs]
+    toks = list(first_tokens)
+    for _ in range(4):  # warm-up
+        toks = runner.decode_and_sample(seqs, toks, states)
+    start = time.perf_counter()
+    for _ in range(steps):
+        toks = runner.decode_and_sample(seqs, toks, states)
+    return len(seqs) * steps / (time.perf_counter() - start)
+
+
+def bench_runner(runner, vocab: int, tokens: int, batches, peak, long_prompts: bool = True) -> dict:
+    """Every figure a runner gives (cuda-native or torch)."""
+    from engine.sampling import GREEDY, SamplerState
+
+    row: dict = {}
+    seq = runner.allocate_sequence()
+    runner.prefill(seq, _tokens(16, vocab, 1))
+    tok = runner.sample([SamplerState.start(GREEDY)])[0]
+    row["decode_tok_s"] = _decode_rate(runner, [seq], [tok], tokens)
+    runner.release_sequence(seq)
+    peak()
+    prompts = TTFT_PROMPTS if long_prompts else TTFT_PROMPTS[:1]
+    for n in prompts:
+        prompt = _tokens(n, vocab, n)
+        _ttft(runner, prompt)  # warm-up (first use of a shape)
+        row[f"ttft_{n}_ms"] = 1e3 * statistics.median(_ttft(runner, prompt) for _ in range(3))
+        peak()
+    if 2048 in prompts:
+        row["prefill_2048_tok_s"] = 2048 / (row["ttft_2048_ms"] / 1e3)
+    for b in batches:
+        seqs = [runner.allocate_sequence() for _ in range(b)]
+        firsts = []
+        for i, s in enumerate(seqs):
+            runner.prefill(s, _tokens(128, vocab, 1000 + i))
+            firsts.append(runner.sample([SamplerState.start(GREEDY)])[0])
+        row[f"agg_decode_b{b}_tok_s"] = _decode_rate(runner, seqs, firsts, max(16, tokens // 4))
+        peak()
+        for s in seqs:
+            runner.release_sequence(s)
+    if long_prompts:
+        message = _tokens(MESSAGE, vocab, 7)
+        hist = runner.allocate_sequence()
+        runner.prefill(hist, _tokens(HISTORY, vocab, 8))
+        times = []
+        for _ in range(3):
+            start = time.perf_counter()
+            runner.prefill(hist, message)
+            runner.sample([SamplerState.start(GREEDY)])
+            times.append(time.perf_counter() - start)
+            runner.truncate(hist, HISTORY)
+        runner.release_sequence(hist)
+        alone = statistics.median(_ttft(runner, message) for _ in range(3))
+        row["second_turn_ttft_ms"] = 1e3 * statistics.median(times)
+        row["message_alone_ttft_ms"] = 1e3 * alone
+        row["second_turn_ratio"] = row["second_turn_ttft_ms"] / row["message_alone_ttft_ms"]
+        peak()
+    return row
+
+
+def bench_cuda(path: str, tokens: int, bandwidth: float, max_batch: int) -> dict:
+    import torch
+
     from engine.backends import cuda_native
     from engine.backends.base import RunnerOptions
     from engine.checkpoint import inspect
-    from engine.sampling import GREEDY, SamplerState
 
     info = inspect(path)
-    runner = cuda_native.load_runner(info, info.plan, RunnerOptions(context_length=1024, max_batch=1))
+    torch.cuda.empty_cache()
+    peak = _Peak()
+    start = time.perf_counter()
+    runner = cuda_native.load_runner(info, info.plan, RunnerOptions(context_length=HISTORY + 1024,
+                                                                     max_batch=max_batch))
+    load_s = time.perf_counter() - start
+    peak()
     try:
-        seq = runner.allocate_sequence()
-        runner.prefill(seq, list(range(1, 17)))
-        tok = runner.sample([SamplerState.start(GREEDY)])[0]
-        for _ in range(8):  # warm-up
-            runner.decode([seq], [tok])
-            tok = runner.sample([SamplerState.start(GREEDY)])[0]
-        start = time.perf_counter()
-        for _ in range(tokens):
-            runner.decode([seq], [tok])
-            tok = runner.sample([SamplerState.start(GREEDY)])[0]
-        elapsed = time.perf_counter() - start
-        weights = runner.memory()["weight_bytes"]
-        gemm = runner.memory()["gemm_backend"]
-        runner.release_sequence(seq)
+        mem = runner.memory()
+        row = {"model": path, "backend": "cuda-native", "weight_bytes": mem["weight_bytes"],
+               "load_s": load_s, "load_gb_s": info.weight_bytes / load_s / 1e9,
+               "graph_buckets": runner.graph_buckets(), "gemm_backend": mem["gemm_backend"]}
+        row.update(bench_runner(runner, info.decoder.vocab_size, tokens,
+                                [b for b in AGG_BATCHES if b <= max_batch], peak))
+        row["roofline_tok_s"] = bandwidth / mem["weight_bytes"]
+        row["roofline_fraction"] = row["decode_tok_s"] / row["roofline_tok_s"]
+        row["peak_gpu_gb"] = peak.peak / 1e9
+        row["kv_gb"] = mem["kv_bytes"] / 1e9
     finally:
         runner.close()
-    return {"model": path, "tok_s": tokens / elapsed, "weight_bytes": weights,
-            "roofline_tok_s": BANDWIDTH / weights, "gemm_backend": gemm}
+    return row
 
 
-def bench_hf(path: str, tokens: int) -> float:
+def bench_torch(path: str, tokens: int) -> dict:
+    import torch
+
+    from engine.backends import torch_ref
+    from engine.backends.base import RunnerOptions
+    from engine.checkpoint import inspect
+
+    info = inspect(path)
+    peak = _Peak()
+    start = time.perf_counter()
+    runner = torch_ref.load_runner(info, info.plan, RunnerOptions(context_length=HISTORY + 1024), device="cuda")
+    load_s = time.perf_counter() - start
+    try:
+        row = {"model": path, "backend": "torch", "load_s": load_s, "load_gb_s": info.weight_bytes / load_s / 1e9}
+        row.update(bench_runner(runner, info.decoder.vocab_size, min(tokens, 32), [8], peak, long_prompts=True))
+        row["peak_gpu_gb"] = peak.peak / 1e9
+    finally:
+        runner.close()
+        torch.cuda.empty_cache()
+    return row
+
+
+def bench_hf(path: str, tokens: int) -> dict:
     import torch
     import transformers
 
+    peak = _Peak()
+    start = time.perf_counter()
     model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16).cuda().eval()
-    ids = torch.arange(1, 17, device="cuda")[None]
-    kw = dict(do_sample=False, min_new_tokens=tokens, max_new_tokens=tokens, pad_token_id=0)
+    torch.cuda.synchronize()
+    load_s = time.perf_counter() - start
+    row = {"model": path, "backend": "transformers", "load_s": load_s}
+    vocab = model.config.vocab_size
+    kw = dict(do_sample=False, pad_token_id=0)
     with torch.no_grad():
-        model.generate(ids, **dict(kw, min_new_tokens=8, max_new_tokens=8))
+        ids = torch.tensor([_tokens(16, vocab, 1)], device="cuda")
+        model.generate(ids, min_new_tokens=8, max_new_tokens=8, **kw)
         torch.cuda.synchronize()
         start = time.perf_counter()
-        model.generate(ids, **kw)
+        model.generate(ids, min_new_tokens=tokens, max_new_tokens=tokens, **kw)
         torch.cuda.synchronize()
-        elapsed = time.perf_counter() - start
+        row["decode_tok_s"] = tokens / (time.perf_counter() - start)
+        for n in TTFT_PROMPTS:
+            ids = torch.tensor([_tokens(n, vocab, n)], device="cuda")
+            model(ids)
+            torch.cuda.synchronize()
+            times = []
+            for _ in range(3):
+                start = time.perf_counter()
+                model(ids).logits[0, -1].argmax().item()
+                times.append(time.perf_counter() - start)
+            row[f"ttft_{n}_ms"] = 1e3 * statistics.median(times)
+            peak()
+        row["prefill_2048_tok_s"] = 2048 / (row["ttft_2048_ms"] / 1e3)
+    row["peak_gpu_gb"] = peak.peak / 1e9
     del model
     torch.cuda.empty_cache()
-    return tokens / elapsed
+    return row
+
+
+def _fmt(v, spec):
+    return format(v, spec) if isinstance(v, (int, float)) else "-"
+
+
+def print_table(result: dict) -> None:
+    print(f"\n{result['gpu']}, {result['date']}, measured read bandwidth {result['bandwidth_tb_s']:.2f} TB/s")
+    cols = [("backend", "backend", "s"), ("decode b1 tok/s", "decode_tok_s", ",.0f"),
+            ("% roofline", "roofline_fraction", ".0%"), ("TTFT 128 ms", "ttft_128_ms", ".1f"),
+            ("TTFT 512 ms", "ttft_512_ms", ".1f"), ("TTFT 2048 ms", "ttft_2048_ms", ".1f"),
+            ("prefill 2048 tok/s", "prefill_2048_tok_s", ",.0f"), ("agg b8 tok/s", "agg_decode_b8_tok_s", ",.0f"),
+            ("agg b32", "agg_decode_b32_tok_s", ",.0f"), ("agg b64", "agg_decode_b64_tok_s", ",.0f"),
+            ("2nd turn / alone", "second_turn_ratio", ".2f"), ("load GB/s", "load_gb_s", ".1f"),
+            ("peak GB", "peak_gpu_gb", ".1f")]
+    print("| model | " + " | ".join(c[0] for c in cols) + " |")
+    print("|---|" + "---|" * len(cols))
+    for r in result["rows"]:
+        name = r["model"].rstrip("/").split("/")[-1]
+        print(f"| {name} | " + " | ".join(_fmt(r.get(c[1]), c[2]) if c[2] != "s" else str(r.get(c[1]))
+                                        for c in cols) + " |")
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__)
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", action="append", required=True)
-    parser.add_argument("--tokens", type=int, default=128)
-    parser.add_argument("--hf", action="store_true", help="also time transformers generate (bf16, eager)")
+    parser.add_argument("--tokens", type=int, default=128, help="batch-1 decode steps timed")
+    parser.add_argument("--max-batch", type=int, default=64)
+    parser.add_argument("--hf", action="store_true", help="also transformers (bf16, eager)")
+    parser.add_argument("--torch", action="store_true", help="also the torch backend (checkpoints < 1 GB)")
     parser.add_argument("--json")
     args = parser.parse_args(argv)
     import torch
 
-    rows = []
-    for path in args.model:
-        row = bench_cuda(path, args.tokens)
-        if args.hf:
-            row["hf_tok_s"] = bench_hf(path, min(args.tokens, 64))
-        rows.append(row)
+    bandwidth = measure_bandwidth()
+    result = {"gpu": torch.cuda.get_device_name(0), "date": date.today().isoformat(),
+              "bandwidth_tb_s": bandwidth / 1e12, "rows": []}
+
+    def add(row):
+        result["rows"].append(row)
         print(json.dumps(row), flush=True)
-    gpu = torch.cuda.get_device_name(0)
-    print(f"\n{gpu}, {date.today().isoformat()}, batch 1, {args.tokens} decode steps (decode + device sample each)")
-    print("| model | weights | cuda-native tok/s | roofline tok/s | % of roofline | HF transformers tok/s |")
-    print("|---|---|---|---|---|---|")
-    for r in rows:
-        hf = f"{r['hf_tok_s']:.1f}" if "hf_tok_s" in r else "-"
-        print(f"| {r['model']} | {r['weight_bytes'] / 1e9:.2f} GB | {r['tok_s']:.1f} | {r['roofline_tok_s']:.0f} | "
-              f"{100 * r['tok_s'] / r['roofline_tok_s']:.0f} % | {hf} |")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"gpu": gpu, "date": date.today().isoformat(), "rows": rows}, f, indent=1)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(result, f, indent=1)
+
+    for path in args.model:
+        for name, fn in (("cuda-native", lambda: bench_cuda(path, args.tokens, bandwidth, args.max_batch)),
+                         ("transformers", lambda: bench_hf(path, min(args.tokens, 64)) if args.hf else None),
+                         ("torch", lambda: bench_torch(path, args.tokens) if args.torch else None)):
+            if name == "torch" and args.torch:
+                from engine.checkpoint import inspect
+
+                if inspect(path).weight_bytes > 1e9:
+                    continue
+            try:
+                row = fn()
+            except Exception as exc:  # one backend failing must not lose the others' figures
+                row = {"model": path, "backend": name, "error": f"{type(exc).__name__}: {exc}"}
+            if row is not None:
+                add(row)
+    print_table(result)
     return 0
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    sys.exit(main())

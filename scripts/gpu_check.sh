@@ -2,6 +2,8 @@
 # The one script run on the GPU machine: build the extension for that GPU, generate synthetic
 # checkpoints, run the cuda tests, run the decode benchmark. Logs under $OUT (or ./gpu-out).
 # Usage: scripts/gpu_check.sh [all|build|test|bench] [pytest -k expression]
+# HEARTH_TEST_TIMEOUT / HEARTH_BENCH_TIMEOUT (seconds) bound the two long steps, so one device call
+# of at most 10 minutes always ends with its summary.
 set -uo pipefail
 STEP=${1:-all}
 KEXPR=${2:-}
@@ -32,18 +34,18 @@ fi
 if [[ $STEP == all || $STEP == test ]]; then
   args=(-m cuda tests/cuda -q -rs -s --durations=10 --junitxml="$OUT/junit.xml")
   [[ -n $KEXPR ]] && args+=(-k "$KEXPR")
-  python3 -m pytest "${args[@]}" >"$OUT/pytest.log" 2>&1
+  timeout "${HEARTH_TEST_TIMEOUT:-330}" python3 -m pytest "${args[@]}" >"$OUT/pytest.log" 2>&1
   rc=$?
   summary+=("pytest rc=$rc: $(tail -1 "$OUT/pytest.log")")
   grep -E "^\[|FAILED|Error" "$OUT/pytest.log" | head -60
 fi
 
 if [[ $STEP == all || $STEP == bench ]]; then
-  python3 -m engine.bench --hf --tokens 128 --json "$OUT/bench.json" \
+  timeout "${HEARTH_BENCH_TIMEOUT:-200}" python3 -m engine.bench --hf --torch --tokens 128 --json "$OUT/bench.json" \
     --model "$MODELS/smollm2-135m" --model "$MODELS/llama3.2-1b" --model "$MODELS/llama3.1-8b" \
     >"$OUT/bench.log" 2>&1
   summary+=("bench rc=$?")
-  tail -8 "$OUT/bench.log"
+  grep -v '^{' "$OUT/bench.log" | tail -20
 fi
 
 echo "=== summary ==="

@@ -244,7 +244,8 @@ class CudaRunner(ModelRunner):
         seqs = [self._seq(s) for s in seqs]
         self._call(self._m().decode, seqs, [int(t) for t in token_ids])
 
-    def sample(self, states: Sequence[SamplerState]) -> list[int]:
+    @staticmethod
+    def _sample_rows(states: Sequence[SamplerState]) -> list[dict]:
         rows = []
         for st in states:
             p = st.params
@@ -252,7 +253,24 @@ class CudaRunner(ModelRunner):
                          "min_p": float(p.min_p), "repetition_penalty": float(p.repetition_penalty),
                          "seed": int(st.seed) & 0xFFFFFFFFFFFFFFFF, "step": int(st.step),
                          "history": [int(t) for t in st.history] if p.repetition_penalty != 1.0 else []})
-        return [int(t) for t in self._call(self._m().sample, rows)]
+        return rows
+
+    def sample(self, states: Sequence[SamplerState]) -> list[int]:
+        return [int(t) for t in self._call(self._m().sample, self._sample_rows(states))]
+
+    def decode_and_sample(self, seqs: Sequence[int], token_ids: Sequence[int],
+                          states: Sequence[SamplerState]) -> list[int]:
+        """One native call: metadata upload, the bucket's CUDA-graph replay, device sampling, and one
+        token id per sequence read back."""
+        if len(states) != len(seqs):
+            raise ValueError("decode_and_sample needs one sampler state per sequence")
+        seqs = [self._seq(s) for s in seqs]
+        return [int(t) for t in self._call(self._m().decode_sample, seqs, [int(t) for t in token_ids],
+                                           self._sample_rows(states))]
+
+    def graph_buckets(self) -> list[int]:
+        """Batch sizes whose decode step was captured as a CUDA graph at load (empty: none)."""
+        return list(self._m().graph_buckets())
 
     def last_logits(self) -> np.ndarray:
         return self._m().last_logits()

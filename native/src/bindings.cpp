@@ -138,6 +138,13 @@ void bind_runtime(py::module_& m) {
              self.prefill(seq, tokens, dst);
            })
       .def("decode", &Model::decode, release())
+      .def("decode_sample",
+           [](Model& self, std::vector<int> seqs, std::vector<int32_t> tokens, const py::list& rows) {
+             auto requests = sample_requests(rows);
+             py::gil_scoped_release unlocked;
+             return self.decode_sample(seqs, tokens, requests);
+           })
+      .def("graph_buckets", &Model::graph_buckets)
       .def("sample",
            [](Model& self, const py::list& rows) {
              auto requests = sample_requests(rows);

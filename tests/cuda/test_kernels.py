@@ -148,7 +148,8 @@ def _attention_ref(q, kc, vc, table, n, heads, kvh, hd, bs=16):
 
 @pytest.mark.parametrize("lens,heads,kvh,hd", [([1], 4, 4, 64), ([17, 300], 9, 3, 64), ([4099, 1, 640], 32, 8, 128),
                                                ([1000], 16, 8, 96)])
-def test_decode_attention(lens, heads, kvh, hd):
+@pytest.mark.parametrize("split_len", [128, 0])  # 0: each row picks its own pieces (graph path)
+def test_decode_attention(lens, heads, kvh, hd, split_len):
     kc, vc, tables, max_blocks = _attention_case(lens, heads, kvh, hd)
     rows = len(lens)
     q = torch.randn(rows, heads * hd, device="cuda")
@@ -156,7 +157,7 @@ def test_decode_attention(lens, heads, kvh, hd):
     row_table = torch.arange(rows, device="cuda", dtype=torch.int32)
     out = poison((rows, heads * hd), torch.float32)
     K().paged_attention("decode", ptr(q), ptr(kc), ptr(vc), ptr(tables), ptr(row_table), ptr(kv_lens), ptr(out),
-                        rows, heads, kvh, hd, 16, max_blocks, 1 / math.sqrt(hd), 128)
+                        rows, heads, kvh, hd, 16, max_blocks, 1 / math.sqrt(hd), split_len)
     for r, n in enumerate(lens):
         assert rel(out[r], _attention_ref(q[r], kc, vc, tables[r], n, heads, kvh, hd)) < 1e-5
 
@@ -185,6 +186,8 @@ def test_swiglu(rows, inter):
 
 
 @pytest.mark.parametrize("path,rows,n,k", [("gemv", 1, 1001, 576), ("gemv", 3, 4096, 4096), ("gemv", 8, 49152, 576),
+                                           ("gemv", 1, 6144, 4096), ("gemv", 2, 4096, 14336), ("gemv", 5, 28672, 4096),
+                                           ("gemv", 1, 4097, 1032), ("gemv", 8, 3, 14336),
                                            ("gemm", 9, 1001, 576), ("gemm", 512, 3072, 1024),
                                            ("tiled", 37, 1001, 584), ("tiled", 130, 256, 2048)])
 def test_matmul(path, rows, n, k):
@@ -193,6 +196,20 @@ def test_matmul(path, rows, n, k):
     out = poison((rows, n), torch.float32)
     K().matmul(path, ptr(x), ptr(w), ptr(out), rows, n, k)
     assert rel(out, x.double() @ w.double().T) < 1e-4
+
+
+@pytest.mark.parametrize("n,k", [(4096, 4096), (2048, 8192), (49152, 576)])
+def test_gemv_rows_do_not_depend_on_batch(n, k):
+    """A row's GEMV result is bit-identical alone and among 2..8 rows (batched == unbatched greedy)."""
+    x = torch.randn(8, k, device="cuda")
+    w = (torch.randn(n, k, device="cuda") * 0.02).bfloat16()
+    alone = torch.empty(8, n, device="cuda")
+    for r in range(8):
+        K().matmul("gemv", ptr(x[r]), ptr(w), ptr(alone[r]), 1, n, k)
+    for rows in (2, 5, 8):
+        out = poison((rows, n), torch.float32)
+        K().matmul("gemv", ptr(x), ptr(w), ptr(out), rows, n, k)
+        assert torch.equal(out, alone[:rows])
 
 
 @pytest.mark.parametrize("src_dtype,code", [(torch.float16, 1), (torch.float32, 2)])

@@ -26,11 +26,14 @@ def _cuda_runner(info, context=1024, **kw):
     return cuda_native.load_runner(info, info.plan, RunnerOptions(context_length=context, **kw))
 
 
-def _torch_runner(info, context=1024):
+def _torch_runner(info, context=1024, kv_dtype="bfloat16"):
+    """The reference: fp32 compute on the GPU. kv_dtype="bfloat16" (the bar) stores K and V as the
+    engine does, so only the engine's arithmetic differs; "auto" keeps an fp32 cache (information)."""
     from engine.backends import torch_ref
     from engine.backends.base import RunnerOptions
 
-    return torch_ref.load_runner(info, info.plan, RunnerOptions(context_length=context, compute_dtype="float32"),
+    return torch_ref.load_runner(info, info.plan, RunnerOptions(context_length=context, compute_dtype="float32",
+                                                                kv_dtype=kv_dtype),
                                  device="cuda")
 
 
@@ -56,16 +59,28 @@ def _assert_pool_full(runner):
 def test_teacher_forced_logits_match_torch(shape, model_dir, record_property):
     info = _inspect(model_dir(shape))
     tokens = np.random.default_rng(7).integers(0, info.decoder.vocab_size, 512).tolist()
-    ref_runner = _torch_runner(info)
+    ref_runner = _torch_runner(info, kv_dtype="auto")
+    ref_fp32_cache = ref_runner.score(tokens)
+    # The same loaded weights, now storing K and V in bf16 like the engine (sequences allocated from
+    # here on take the runner's kv_dtype): one load of the reference instead of two.
+    ref_runner.kv_dtype = torch.bfloat16
     ref = ref_runner.score(tokens)
     _free(ref_runner)
+    kv_rel, kv_top1 = _compare(ref, ref_fp32_cache)
     runner = _cuda_runner(info)
     try:
         ours = runner.score(tokens)
         rel, top1 = _compare(ours, ref)
-        print(f"\n[{shape}] teacher-forced 512 tokens vs torch fp32: rel error {rel:.3e}, top-1 {top1 * 100:.2f}%")
+        rel32, top32 = _compare(ours, ref_fp32_cache)
+        print(f"\n[{shape}] teacher-forced 512 tokens vs torch fp32 compute, bf16 KV (bar): "
+              f"rel error {rel:.3e}, top-1 {top1 * 100:.2f}%")
+        print(f"[{shape}] vs torch fp32 compute, fp32 KV (information): rel error {rel32:.3e}, top-1 {top32 * 100:.2f}%")
+        print(f"[{shape}] torch bf16 KV vs torch fp32 KV (the cache format alone): rel error {kv_rel:.3e}, "
+              f"top-1 {kv_top1 * 100:.2f}%")
         record_property("rel_error", rel)
         record_property("top1", top1)
+        record_property("rel_error_fp32_kv", rel32)
+        record_property("top1_fp32_kv", top32)
         assert np.isfinite(ours).all()
         assert rel <= 2e-2 and top1 >= 0.99
         # prefill + decode reproduce the teacher-forced rows
@@ -76,7 +91,7 @@ def test_teacher_forced_logits_match_torch(shape, model_dir, record_property):
             runner.decode([seq], [t])
             rows.append(runner.last_logits()[0])
         rel2, top2 = _compare(np.stack(rows), ref[499:511])
-        print(f"[{shape}] prefill+decode rows vs torch: rel error {rel2:.3e}, top-1 {top2 * 100:.1f}%")
+        print(f"[{shape}] prefill+decode rows vs torch (bf16 KV): rel error {rel2:.3e}, top-1 {top2 * 100:.1f}%")
         assert rel2 <= 2e-2
         runner.release_sequence(seq)
         _assert_pool_full(runner)
@@ -252,5 +267,77 @@ def test_progress_reports_bytes_as_tensors_land(model_dir):
         assert len(loading) > info.decoder.num_layers
         assert [e.current_bytes for e in loading] == sorted(e.current_bytes for e in loading)
         assert loading[-1].current_bytes == loading[-1].total_bytes
+    finally:
+        _free(runner)
+
+
+def _greedy_steps(runner, seqs, prompts, steps):
+    """Prefill each prompt, then `steps` decode_and_sample calls over all `seqs` together."""
+    from engine.sampling import GREEDY, SamplerState
+
+    out = {s: [] for s in seqs}
+    for s, p in zip(seqs, prompts):
+        runner.prefill(s, p)
+        out[s].append(runner.sample([SamplerState.start(GREEDY)])[0])
+    for _ in range(steps):
+        toks = runner.decode_and_sample(seqs, [out[s][-1] for s in seqs],
+                                        [SamplerState.start(GREEDY) for _ in seqs])
+        for s, t in zip(seqs, toks):
+            out[s].append(t)
+    return [out[s] for s in seqs]
+
+
+@pytest.mark.parametrize("shape", ["smollm2-135m", "llama3.2-1b"])
+def test_graph_buckets_batched_greedy_equals_alone(shape, model_dir):
+    """Decode graphs are captured at load for 1, 2, 4, 8; 5 sequences replay the bucket of 8 (3
+    padding rows); each sequence's greedy tokens equal those it produces alone (bucket 1)."""
+    info = _inspect(model_dir(shape))
+    rng = np.random.default_rng(21)
+    prompts = [rng.integers(0, info.decoder.vocab_size, n).tolist() for n in (5, 37, 100, 16, 260)]
+    runner = _cuda_runner(info, max_batch=8)
+    try:
+        assert runner.graph_buckets() == [1, 2, 4, 8]
+        alone = []
+        for p in prompts:
+            s = runner.allocate_sequence()
+            alone.append(_greedy_steps(runner, [s], [p], 20)[0])
+            runner.release_sequence(s)
+        seqs = [runner.allocate_sequence() for _ in prompts]
+        together = _greedy_steps(runner, seqs, prompts, 20)
+        assert together == alone
+        # the step's logits equal the non-graph decode of the same sequences
+        logits_graph = runner.last_logits()
+        assert logits_graph.shape == (len(seqs), info.decoder.vocab_size)
+        for s in seqs:
+            runner.release_sequence(s)
+        _assert_pool_full(runner)
+    finally:
+        _free(runner)
+
+
+def test_large_bucket_decodes_like_alone(model_dir):
+    """20 sequences replay the bucket of 32 (tensor-core GEMM): logits close to each one alone."""
+    info = _inspect(model_dir("smollm2-135m"))
+    rng = np.random.default_rng(4)
+    prompts = [rng.integers(0, info.decoder.vocab_size, int(n)).tolist() for n in rng.integers(3, 90, 20)]
+    runner = _cuda_runner(info, max_batch=64)
+    try:
+        assert runner.graph_buckets() == [1, 2, 4, 8, 16, 32, 64]
+        seqs = [runner.allocate_sequence() for _ in prompts]
+        for s, p in zip(seqs, prompts):
+            runner.prefill(s, p[:-1])
+        runner.decode(seqs, [p[-1] for p in prompts])
+        together = runner.last_logits()
+        alone = []
+        for s, p in zip(seqs, prompts):
+            runner.truncate(s, len(p) - 1)
+            runner.decode([s], [p[-1]])
+            alone.append(runner.last_logits()[0])
+        rel, top1 = _compare(together, np.stack(alone))
+        print(f"\n[smollm2-135m] bucket 32 vs bucket 1 logits: rel error {rel:.3e}, top-1 {top1 * 100:.0f}%")
+        assert rel < 1e-3 and top1 == 1.0
+        for s in seqs:
+            runner.release_sequence(s)
+        _assert_pool_full(runner)
     finally:
         _free(runner)

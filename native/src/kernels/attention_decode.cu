@@ -8,12 +8,22 @@ namespace hearth {
 
 constexpr int kDecodeWarps = 4;
 
+// The piece length of a row: `split_len` when given (> 0), else chosen from the row's own kv_len
+// (at least 128 keys, at most max_splits pieces), so a row's result does not depend on which other
+// rows share the launch, and a captured graph needs no host-side length.
+__device__ __forceinline__ int row_split_len(int kv_len, int split_len, int max_splits) {
+  if (split_len > 0) return split_len;
+  const int s = ((kv_len + max_splits - 1) / max_splits + 31) / 32 * 32;
+  return max(128, s);
+}
+
 template <int HD>
 __global__ void __launch_bounds__(kDecodeWarps * 32)
 decode_attention_split_kernel(PagedAttention p, int split_len, int max_splits,
                               float* __restrict__ part_ml, float* __restrict__ part_acc) {
   const int h = blockIdx.x, row = blockIdx.y, split = blockIdx.z;
   const int kv_len = p.kv_lens[row];
+  split_len = row_split_len(kv_len, split_len, max_splits);
   const int start = split * split_len;
   if (start >= kv_len) return;
   const int end = min(kv_len, start + split_len);
@@ -64,6 +74,7 @@ __global__ void decode_attention_merge_kernel(PagedAttention p, int split_len, i
                                               const float* __restrict__ part_acc) {
   const int h = blockIdx.x, row = blockIdx.y;
   const int kv_len = p.kv_lens[row];
+  split_len = row_split_len(kv_len, split_len, max_splits);
   const int splits = (kv_len + split_len - 1) / split_len;
   const size_t base = ((size_t)row * p.heads + h) * max_splits;
   float m = -INFINITY;
@@ -84,8 +95,8 @@ void launch_decode_attention(const PagedAttention& p, int split_len, int max_spl
                              float* partial_ml, float* partial_acc, cudaStream_t stream) {
   HEARTH_REQUIRE(p.rows >= 0 && p.heads > 0 && p.kv_heads > 0 && p.heads % p.kv_heads == 0,
                  "decode_attention: heads must be a multiple of kv_heads");
-  HEARTH_REQUIRE(split_len > 0 && split_len % 32 == 0 && max_splits > 0,
-                 "decode_attention: split_len must be a positive multiple of 32");
+  HEARTH_REQUIRE(split_len >= 0 && split_len % 32 == 0 && max_splits > 0,
+                 "decode_attention: split_len must be 0 (per row) or a positive multiple of 32");
   if (p.rows == 0) return;
   dim3 grid(p.heads, p.rows, max_splits);
   dim3 merge_grid(p.heads, p.rows);

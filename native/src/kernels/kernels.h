@@ -50,6 +50,7 @@ struct PagedAttention {
 
 // attention_decode.cu: one query per row, split along the keys in `split_len` pieces
 // (partials: [rows, heads, max_splits] m and l, [rows, heads, max_splits, hd] acc), then merged.
+// split_len 0: each row picks its own from its kv_len (max(128, kv_len / max_splits rounded up to 32)).
 void launch_decode_attention(const PagedAttention& p, int split_len, int max_splits,
                              float* partial_ml, float* partial_acc, cudaStream_t stream);
 
@@ -64,6 +65,7 @@ void launch_swiglu(const float* gate_up, float* out, int rows, int inter, cudaSt
 constexpr int kGemvMaxRows = 8;
 void launch_gemv(const float* x, const bf16* w, float* out, int rows, int n, int k,
                  cudaStream_t stream);
+int gemv_warps_per_row(int n, int k);  // the k-split the GEMV uses for this shape (1, 2, 4 or 8)
 
 // gemm.cu: the same product for many rows, through cuBLASLt (loaded at first use) on bf16 tensor
 // cores, x split into two bf16 operands x = hi + lo (split: 2*rows*k bf16 of scratch) so the

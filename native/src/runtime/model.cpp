@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <cstdlib>
 #include <set>
 
 namespace hearth {
@@ -115,6 +116,8 @@ Model::~Model() {
   for (cudaEvent_t e : staged_)
     if (e) cudaEventDestroy(e);
   if (meta_done_) cudaEventDestroy(meta_done_);
+  for (DecodeGraph& g : graphs_)
+    if (g.exec) cudaGraphExecDestroy(g.exec);
   if (stream_) {
     cudaStreamSynchronize(stream_);
     cudaStreamDestroy(stream_);
@@ -156,7 +159,7 @@ void Model::plan_memory() {
     blocks = (int)std::min(want, fit);
     if (blocks < 1) blocks = cache_.max_sequence_blocks;  // let the check below report it
   }
-  const size_t kv_bytes = (size_t)blocks * block_bytes;
+  const size_t kv_bytes = (size_t)(blocks + 1) * block_bytes;  // + the padding rows' block
   const size_t needed = weight_bytes + workspace_bytes + kv_bytes;
   if (needed > free_b)
     throw DeviceOutOfMemory("not enough GPU memory to load this model: " + std::to_string(needed) +
@@ -170,7 +173,8 @@ void Model::plan_memory() {
   kv_ = DeviceBuffer(kv_bytes, "KV cache");
   workspace_ = DeviceBuffer(workspace_bytes, "workspace");
   pool_ = std::make_unique<KvPool>(blocks, cache_.block_size, cache_.max_sequence_blocks);
-  kv_layer_elems_ = (size_t)blocks * cache_.block_size * kv_size_;
+  kv_layer_elems_ = (size_t)(blocks + 1) * cache_.block_size * kv_size_;
+  dummy_block_ = blocks;
 
   bf16* w = weights_.as<bf16>();
   auto take = [&](size_t n) { bf16* p = w; w += a(n); return p; };
@@ -306,6 +310,54 @@ void Model::finish_load() {
     scratch_[i].reset();
   }
   cublaslt_available();  // load the library now rather than at the first prompt
+  const char* graphs = std::getenv("HEARTH_CUDA_GRAPHS");
+  if (!(graphs && std::string(graphs) == "0")) capture_decode_graphs();
+}
+
+std::vector<int> Model::graph_buckets() const {
+  std::vector<int> out;
+  for (const DecodeGraph& g : graphs_) out.push_back(g.rows);
+  return out;
+}
+
+int Model::bucket_for(int rows) const {
+  for (const DecodeGraph& g : graphs_)
+    if (g.rows >= rows) return g.rows;
+  return rows;
+}
+
+void Model::capture_decode_graphs() {
+  if (!graphs_.empty()) return;
+  std::vector<int> sizes;
+  for (int b = 1; b < cache_.max_batch; b *= 2) sizes.push_back(b);
+  sizes.push_back(cache_.max_batch);
+  const int stride = cache_.max_sequence_blocks;
+  for (int rows : sizes) {
+    // Every row a padding row: they write and read the dummy block only.
+    Step step = decode_step({}, {}, rows);
+    upload_meta(step, stride);
+    run_layers(rows, stride, true, 0, rows);  // uncaptured once: loads cuBLASLt plans, checks launches
+    HEARTH_CUDA(cudaStreamSynchronize(stream_));
+    cudaGraph_t graph = nullptr;
+    HEARTH_CUDA(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+    try {
+      run_layers(rows, stride, true, 0, rows);
+    } catch (...) {
+      cudaStreamEndCapture(stream_, &graph);
+      if (graph) cudaGraphDestroy(graph);
+      throw;
+    }
+    HEARTH_CUDA(cudaStreamEndCapture(stream_, &graph));
+    DecodeGraph g;
+    g.rows = rows;
+    const cudaError_t status = cudaGraphInstantiate(&g.exec, graph, 0);
+    cudaGraphDestroy(graph);
+    HEARTH_CUDA(status);
+    graphs_.push_back(g);
+    HEARTH_CUDA(cudaGraphLaunch(g.exec, stream_));  // warm-up replay
+  }
+  HEARTH_CUDA(cudaStreamSynchronize(stream_));
+  logits_rows_ = 0;
 }
 
 int Model::allocate_sequence() { return pool_->allocate_sequence(); }
@@ -370,6 +422,34 @@ void Model::prefill(int seq, const std::vector<int32_t>& tokens, float* all_logi
   pool_->set_length(seq, start + total);
 }
 
+Model::Step Model::decode_step(const std::vector<int>& seqs, const std::vector<int32_t>& tokens,
+                              int rows) {
+  Step step;
+  for (int s : seqs) step.table_stride = std::max(step.table_stride, (int)pool_->blocks(s).size());
+  step.tables.assign((size_t)rows * step.table_stride, dummy_block_);
+  for (int r = 0; r < rows; ++r) {
+    if (r < (int)seqs.size()) {
+      const int s = seqs[r];
+      const int pos = pool_->length(s);
+      const auto& blocks = pool_->blocks(s);
+      std::copy(blocks.begin(), blocks.end(), step.tables.begin() + (size_t)r * step.table_stride);
+      step.ids.push_back(tokens[r]);
+      step.positions.push_back(pos);
+      step.slots.push_back(pool_->slot(s, pos));
+      step.kv_lens.push_back(pos + 1);
+      step.max_kv_len = std::max(step.max_kv_len, pos + 1);
+    } else {  // padding: token 0 at position 0 of the dummy block
+      step.ids.push_back(0);
+      step.positions.push_back(0);
+      step.slots.push_back(dummy_block_ * cache_.block_size);
+      step.kv_lens.push_back(1);
+      step.max_kv_len = std::max(step.max_kv_len, 1);
+    }
+    step.row_table.push_back(r);
+  }
+  return step;
+}
+
 void Model::decode(const std::vector<int>& seqs, const std::vector<int32_t>& tokens) {
   HEARTH_REQUIRE(seqs.size() == tokens.size() && !seqs.empty(), "decode: one token per sequence");
   HEARTH_REQUIRE((int)seqs.size() <= cache_.max_batch, "decode: more sequences than max_batch");
@@ -386,31 +466,38 @@ void Model::decode(const std::vector<int>& seqs, const std::vector<int32_t>& tok
     for (int s : reserved) pool_->set_length(s, pool_->length(s));  // give back unused blocks
     throw;
   }
-  Step step;
-  for (int s : seqs) step.table_stride = std::max(step.table_stride, (int)pool_->blocks(s).size());
-  step.tables.assign((size_t)seqs.size() * step.table_stride, 0);
-  for (size_t r = 0; r < seqs.size(); ++r) {
-    const int s = seqs[r];
-    const int pos = pool_->length(s);
-    const auto& blocks = pool_->blocks(s);
-    std::copy(blocks.begin(), blocks.end(), step.tables.begin() + r * step.table_stride);
-    step.ids.push_back(tokens[r]);
-    step.positions.push_back(pos);
-    step.slots.push_back(pool_->slot(s, pos));
-    step.kv_lens.push_back(pos + 1);
-    step.row_table.push_back((int)r);
-    step.max_kv_len = std::max(step.max_kv_len, pos + 1);
+  const int n = (int)seqs.size();
+  const int rows = bucket_for(n);
+  const DecodeGraph* graph = nullptr;
+  for (const DecodeGraph& g : graphs_)
+    if (g.rows == rows) graph = &g;
+  Step step = decode_step(seqs, tokens, rows);
+  if (graph) {
+    upload_meta(step, cache_.max_sequence_blocks);
+    HEARTH_CUDA(cudaGraphLaunch(graph->exec, stream_));
+  } else {
+    upload_meta(step, step.table_stride);
+    run_layers(rows, step.table_stride, true, 0, rows);
   }
-  forward(step, true, 0, (int)seqs.size());
+  logits_rows_ = n;  // the padding rows' logits are never read
   for (int s : seqs) pool_->set_length(s, pool_->length(s) + 1);
 }
 
-void Model::forward(const Step& step, bool decode_mode, int logit_first, int logit_count) {
+std::vector<int32_t> Model::decode_sample(const std::vector<int>& seqs,
+                                          const std::vector<int32_t>& tokens,
+                                          const std::vector<SampleRequest>& rows) {
+  HEARTH_REQUIRE(rows.size() == seqs.size(), "decode_sample: one sampler state per sequence");
+  decode(seqs, tokens);
+  return sample(rows);
+}
+
+void Model::upload_meta(const Step& step, int device_stride) {
   const int T = (int)step.ids.size();
-  const int H = cfg_.hidden, I = cfg_.intermediate, V = cfg_.vocab, hd = cfg_.head_dim;
-  // Upload the metadata in one copy: ids, positions, slots, kv_lens, row_table, tables.
-  const size_t ints = 5 * (size_t)T + step.tables.size();
-  HEARTH_REQUIRE(ints <= meta_ints_, "forward: step metadata larger than planned");
+  const size_t head = 5 * (size_t)T;
+  HEARTH_REQUIRE(device_stride >= step.table_stride, "forward: table stride too small");
+  HEARTH_REQUIRE(head + (size_t)T * device_stride <= meta_ints_ &&
+                 head + step.tables.size() <= meta_ints_,
+                 "forward: step metadata larger than planned");
   HEARTH_CUDA(cudaEventSynchronize(meta_done_));  // the previous upload has left the pinned buffer
   int32_t* host = meta_host_.as<int32_t>();
   size_t off = 0;
@@ -419,8 +506,26 @@ void Model::forward(const Step& step, bool decode_mode, int logit_first, int log
     std::copy(v->begin(), v->end(), host + off);
     off += v->size();
   }
-  HEARTH_CUDA(cudaMemcpyAsync(meta_, host, ints * 4, cudaMemcpyHostToDevice, stream_));
+  if (device_stride == step.table_stride) {
+    HEARTH_CUDA(cudaMemcpyAsync(meta_, host, off * 4, cudaMemcpyHostToDevice, stream_));
+  } else {
+    HEARTH_CUDA(cudaMemcpyAsync(meta_, host, head * 4, cudaMemcpyHostToDevice, stream_));
+    if (T > 0)
+      HEARTH_CUDA(cudaMemcpy2DAsync(meta_ + head, (size_t)device_stride * 4, host + head,
+                                    (size_t)step.table_stride * 4, (size_t)step.table_stride * 4, T,
+                                    cudaMemcpyHostToDevice, stream_));
+  }
   HEARTH_CUDA(cudaEventRecord(meta_done_, stream_));
+}
+
+void Model::forward(const Step& step, bool decode_mode, int logit_first, int logit_count) {
+  upload_meta(step, step.table_stride);
+  run_layers((int)step.ids.size(), step.table_stride, decode_mode, logit_first, logit_count);
+  logits_rows_ = logit_count;
+}
+
+void Model::run_layers(int T, int table_stride, bool decode_mode, int logit_first, int logit_count) {
+  const int H = cfg_.hidden, I = cfg_.intermediate, V = cfg_.vocab, hd = cfg_.head_dim;
   const int32_t* d_ids = meta_;
   const int32_t* d_pos = meta_ + T;
   const int32_t* d_slots = meta_ + 2 * T;
@@ -443,14 +548,10 @@ void Model::forward(const Step& step, bool decode_mode, int logit_first, int log
     launch_rope_kv_write(qkv_, T, cfg_.heads, cfg_.kv_heads, hd, d_pos, d_slots, inv_freq_, q_,
                          k_cache, v_cache, stream_);
     PagedAttention att{q_, k_cache, v_cache, d_tables, d_row_table, d_kv_lens, xn_, T, cfg_.heads,
-                       cfg_.kv_heads, hd, cache_.block_size, step.table_stride,
+                       cfg_.kv_heads, hd, cache_.block_size, table_stride,
                        1.f / std::sqrt((float)hd)};
     if (decode_mode) {
-      int split_len = (step.max_kv_len + kMaxSplits - 1) / kMaxSplits;
-      split_len = std::max(128, (split_len + 31) / 32 * 32);
-      const int splits = (step.max_kv_len + split_len - 1) / split_len;
-      (void)splits;
-      launch_decode_attention(att, split_len, kMaxSplits, part_ml_, part_acc_, stream_);
+      launch_decode_attention(att, 0, kMaxSplits, part_ml_, part_acc_, stream_);
     } else {
       launch_prefill_attention(att, stream_);
     }
@@ -460,7 +561,6 @@ void Model::forward(const Step& step, bool decode_mode, int logit_first, int log
     launch_swiglu(gate_up_, xn_, T, I, stream_);
     matmul(xn_, lw.wdown, delta_, T, H, I);
   }
-  logits_rows_ = logit_count;
   if (logit_count == 0) return;
   const size_t first = (size_t)logit_first * H;
   launch_rmsnorm_residual(resid_ + first, delta_ + first, final_norm_, xn_, logit_count, H,

@@ -80,8 +80,17 @@ class Model {
 
   // Append tokens; logits of the last one (or of all, into `all_logits` [n, vocab]) are kept.
   void prefill(int seq, const std::vector<int32_t>& tokens, float* all_logits);
+  // One token per sequence. Where decode graphs were captured, the step is padded to the next
+  // bucket (1, 2, 4, ..., max_batch) and replayed as one CUDA graph.
   void decode(const std::vector<int>& seqs, const std::vector<int32_t>& tokens);
   std::vector<int32_t> sample(const std::vector<SampleRequest>& rows);
+  // decode + sample in one call: one graph replay, the sampler, one token id per sequence back.
+  std::vector<int32_t> decode_sample(const std::vector<int>& seqs, const std::vector<int32_t>& tokens,
+                                     const std::vector<SampleRequest>& rows);
+  // Capture the decode step of every bucket as a CUDA graph and replay each once (warm-up).
+  // Called by finish_load unless HEARTH_CUDA_GRAPHS=0; idempotent.
+  void capture_decode_graphs();
+  std::vector<int> graph_buckets() const;  // the captured bucket sizes
   int logits_rows() const { return logits_rows_; }
   void copy_logits(float* host) const;  // [logits_rows, vocab]
   MemoryReport memory() const;
@@ -96,9 +105,22 @@ class Model {
     int table_stride = 1;
     int max_kv_len = 0;
   };
+  struct DecodeGraph {
+    int rows = 0;
+    cudaGraphExec_t exec = nullptr;
+  };
   void plan_memory();
   bf16* slot_pointer(Slot slot, int layer, int64_t* numel);
   void forward(const Step& step, bool decode_mode, int logit_first, int logit_count);
+  // Copies the step's metadata to meta_ (ids, positions, slots, kv_lens, row_table: T each, then
+  // the tables at row stride table_stride); only the first `step.table_stride` ints of each table
+  // row travel when `device_stride` is larger.
+  void upload_meta(const Step& step, int device_stride);
+  // The kernels of one forward pass over T rows whose metadata is in meta_ (graph-capturable:
+  // no host synchronization, no allocation). split_len 0 in decode mode: per row, on the device.
+  void run_layers(int T, int table_stride, bool decode_mode, int logit_first, int logit_count);
+  Step decode_step(const std::vector<int>& seqs, const std::vector<int32_t>& tokens, int rows);
+  int bucket_for(int rows) const;
   void matmul(const float* x, const bf16* w, float* out, int rows, int n, int k);
   void check_tokens(const std::vector<int32_t>& tokens) const;
 
@@ -111,6 +133,8 @@ class Model {
 
   DeviceBuffer weights_, kv_, workspace_, history_;
   std::unique_ptr<KvPool> pool_;
+  int dummy_block_ = 0;  // one KV block past the pool: padded decode rows write and read only it
+  std::vector<DecodeGraph> graphs_;
   bf16 *embed_ = nullptr, *final_norm_ = nullptr, *lm_head_ = nullptr;
   std::vector<LayerWeights> layers_;
   size_t kv_layer_elems_ = 0;  // per layer, per k or v
