@@ -39,7 +39,7 @@ class Tokenizer:
                 f"{folder.name} has no tokenizer.json, so Hearth cannot turn text into tokens. "
                 "Scoring token ids still works; chat needs the tokenizer files from the model's source.")
         try:
-            inner = HFTokenizer.from_file(str(path))
+            inner = load_tokenizer_json(path)
         except Exception as exc:  # the library raises a bare Exception on malformed files
             raise CorruptCheckpoint(f"tokenizer.json could not be read: {exc}") from None
         settings = {}
@@ -79,6 +79,33 @@ class Tokenizer:
 
     def stream(self) -> "StreamDecoder":
         return StreamDecoder(self)
+
+
+_BPE_STRINGS = ("unk_token", "continuing_subword_prefix", "end_of_word_suffix", "dropout")
+_BPE_FLAGS = ("fuse_unk", "byte_fallback", "ignore_merges")
+
+
+def load_tokenizer_json(path: Path):
+    """A `tokenizers.Tokenizer` from tokenizer.json, built in steps that each hold the GIL briefly.
+
+    `Tokenizer.from_file` parses and builds a large BPE vocabulary in one native call that holds the
+    GIL for 60-90 ms, long enough to freeze a Qt window whose engine runs in a worker thread. Here the
+    JSON is parsed, the pipeline (normalizer, pre-tokenizer, decoder, added tokens) is built with an
+    empty model, and the BPE model is built last: no single step holds the GIL for much over 30 ms.
+    Other model types load in one call.
+    """
+    from tokenizers import Tokenizer as HFTokenizer, models
+
+    data = json.loads(path.read_text(encoding="utf-8"))
+    model = data.get("model") or {}
+    if model.get("type") != "BPE" or not isinstance(model.get("vocab"), dict):
+        return HFTokenizer.from_str(json.dumps(data))
+    skeleton = HFTokenizer.from_str(json.dumps(dict(data, model=dict(model, vocab={}, merges=[]))))
+    merges = [tuple(m.split(" ", 1)) if isinstance(m, str) else tuple(m) for m in model.get("merges", [])]
+    options = {k: model[k] for k in _BPE_STRINGS if model.get(k) is not None}
+    options.update({k: bool(model[k]) for k in _BPE_FLAGS if k in model})
+    skeleton.model = models.BPE(vocab=model["vocab"], merges=merges, **options)
+    return skeleton
 
 
 def _read_json(path: Path) -> dict:

@@ -195,3 +195,18 @@ def test_chat_template_syntax_error(synth, tmp_path):
     eng, mid = _with_template(synth, tmp_path, "{% for m in messages %}")
     with pytest.raises(errors.ChatTemplateError, match="does not parse"):
         eng.chat(eng.create_session(mid), "hi")
+
+
+def test_stepwise_tokenizer_load_equals_from_file(default_model, synth):
+    from tokenizers import Tokenizer as HFTokenizer
+    from pathlib import Path
+    from engine.tokenizer import load_tokenizer_json
+
+    texts = ["Hello world 123 4567", "<|im_start|>user\nhi 😀 日本語<|im_end|>\n", "  spaces\n\n\tx", "café ñ — ✅"]
+    for folder in (Path(default_model.path), synth("tiny", tokenizer=True)):
+        ours, ref = load_tokenizer_json(folder / "tokenizer.json"), HFTokenizer.from_file(str(folder / "tokenizer.json"))
+        assert ours.get_vocab(with_added_tokens=True) == ref.get_vocab(with_added_tokens=True)
+        for text in texts:
+            ids = ref.encode(text).ids
+            assert ours.encode(text).ids == ids
+            assert ours.decode(ids, skip_special_tokens=False) == ref.decode(ids, skip_special_tokens=False)
