@@ -160,9 +160,6 @@ def _load_with_ticks(qtbot, win, client, ticks):
     return ticks.stop()
 
 
-@pytest.mark.xfail(strict=False, reason=(
-    "engine: Tokenizer.from_folder (engine/tokenizer.py:42, tokenizers' Tokenizer.from_file) holds the GIL "
-    "for ~85 ms while it parses the 49k-entry tokenizer.json; everything else in a load stays under 20 ms"))
 def test_event_loop_never_stalls_while_a_model_loads(qtbot, make_app, ready_home, ticks):
     win, client, store = make_app(ready_home)
     started(qtbot, client)
