@@ -280,7 +280,7 @@ class Inspector(QWidget):
             rows += extra[:6]
         else:
             rows = [("Supported", "no"), ("Why", getattr(info, "plan_error", "") or "No execution plan")]
-        rows.append(("KV cache per token", f"{human_bytes(kv)} ({kv:,} bytes, fp16)" if kv else "—"))
+        rows.append(("KV cache per token", f"{human_bytes(kv)} ({kv:,} bytes, bf16)" if kv else "—"))
         self._fill(self.plan_form, rows)
         self._fill(self.decoder_form, [(k.replace("_", " "), _value(v)) for k, v in dec.items()])
         self.tensor_model.set_tensors(info.tensors)
