@@ -373,7 +373,8 @@ class Engine:
         return [dict(m) for m in self._session(session_id).messages]
 
     def set_history(self, session_id: str, messages: list) -> None:
-        """Replace the conversation; the cached prefix it shares with the old one is kept."""
+        """Replace the whole conversation, system message included; the cached prefix it shares
+        with the old one is kept."""
         self._session(session_id).messages = [dict(m) for m in messages]
 
     def cancel(self, session_id: str) -> None:
