@@ -190,6 +190,7 @@ void bind_runtime(py::module_& m) {
   k.def("swiglu", &c::swiglu, release());
   k.def("matmul", &c::matmul, release());
   k.def("convert_to_bf16", &c::convert_to_bf16, release());
+  k.def("gemv_seconds", &c::gemv_seconds, release());
   k.def("sample", [](uintptr_t logits, int rows, int vocab, const py::list& reqs) {
     auto requests = sample_requests(reqs);
     py::gil_scoped_release unlocked;

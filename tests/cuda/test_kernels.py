@@ -212,6 +212,40 @@ def test_gemv_rows_do_not_depend_on_batch(n, k):
         assert torch.equal(out, alone[:rows])
 
 
+def test_gemv_bandwidth_8b_shapes():
+    """Prints the decode GEMV's weight-read bandwidth on the Llama-3.1-8B shapes against the read
+    bandwidth measured here (a bf16 sum); asserts only a loose floor (the figures go to docs)."""
+    big = torch.ones(1 << 30, dtype=torch.bfloat16, device="cuda")
+    big.sum(dtype=torch.float32)
+    torch.cuda.synchronize()
+    t0, t1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    t0.record()
+    for _ in range(10):
+        big.sum(dtype=torch.float32)
+    t1.record()
+    torch.cuda.synchronize()
+    peak = big.numel() * 2 * 10 / (t0.elapsed_time(t1) / 1e3)
+    del big
+    total_bytes = total_s = 0.0
+    for name, n, k in [("qkv", 6144, 4096), ("o", 4096, 4096), ("gate_up", 28672, 4096), ("down", 4096, 14336),
+                       ("lm_head", 128256, 4096)]:
+        copies = max(1, (1 << 30) // (n * k * 2))
+        w = torch.empty(copies * n * k, dtype=torch.bfloat16, device="cuda").normal_(0, 0.02)
+        for rows in (1, 8):
+            x = torch.randn(rows, k, device="cuda")
+            out = torch.empty(rows, n, device="cuda")
+            s = K().gemv_seconds(ptr(x), ptr(w), ptr(out), rows, n, k, copies, 50)
+            bw = n * k * 2 / s
+            print(f"\n[gemv 8B {name} {n}x{k} rows={rows}] {s * 1e6:.1f} us, {bw / 1e12:.2f} TB/s, "
+                  f"{100 * bw / peak:.0f} % of measured read bandwidth {peak / 1e12:.2f} TB/s", end="")
+            if rows == 1 and name != "lm_head":
+                total_bytes += n * k * 2
+                total_s += s
+        del w
+    print(f"\n[gemv 8B one layer, batch 1] {100 * total_bytes / total_s / peak:.0f} % of measured read bandwidth")
+    assert total_bytes / total_s > 0.5 * peak
+
+
 @pytest.mark.parametrize("src_dtype,code", [(torch.float16, 1), (torch.float32, 2)])
 @pytest.mark.parametrize("count", [1, 1001, 1 << 20])
 def test_convert(src_dtype, code, count):

@@ -89,6 +89,26 @@ void matmul(const std::string& path, uintptr_t x, uintptr_t w, uintptr_t out, in
   sync();
 }
 
+double gemv_seconds(uintptr_t x, uintptr_t w, uintptr_t out, int rows, int n, int k, int copies,
+                    int reps) {
+  HEARTH_REQUIRE(copies > 0 && reps > 0, "gemv_seconds: copies and reps must be positive");
+  cudaEvent_t start, stop;
+  HEARTH_CUDA(cudaEventCreate(&start));
+  HEARTH_CUDA(cudaEventCreate(&stop));
+  const bf16* base = P<const bf16>(w);
+  launch_gemv(P<const float>(x), base, P<float>(out), rows, n, k, 0);  // warm-up
+  HEARTH_CUDA(cudaEventRecord(start, 0));
+  for (int i = 0; i < reps; ++i)
+    launch_gemv(P<const float>(x), base + (size_t)(i % copies) * n * k, P<float>(out), rows, n, k, 0);
+  HEARTH_CUDA(cudaEventRecord(stop, 0));
+  HEARTH_CUDA(cudaEventSynchronize(stop));
+  float ms = 0.f;
+  HEARTH_CUDA(cudaEventElapsedTime(&ms, start, stop));
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  return ms / 1e3 / reps;
+}
+
 void convert_to_bf16(uintptr_t src, int src_dtype, uintptr_t dst, int64_t count) {
   launch_convert_to_bf16(P<const void>(src), src_dtype, P<bf16>(dst), count, 0);
   sync();

@@ -27,6 +27,10 @@ void paged_attention(const std::string& mode, uintptr_t q, uintptr_t k_cache, ui
 void swiglu(uintptr_t gate_up, uintptr_t out, int rows, int inter);
 // path "gemv", "gemm" (cuBLASLt when loadable) or "tiled".
 void matmul(const std::string& path, uintptr_t x, uintptr_t w, uintptr_t out, int rows, int n, int k);
+// Seconds per GEMV launch, averaged over `reps` back-to-back launches (CUDA events), cycling over
+// `copies` weight matrices laid end to end at w so the weights come from HBM, not L2.
+double gemv_seconds(uintptr_t x, uintptr_t w, uintptr_t out, int rows, int n, int k, int copies,
+                    int reps);
 void convert_to_bf16(uintptr_t src, int src_dtype, uintptr_t dst, int64_t count);
 std::vector<int32_t> sample(uintptr_t logits, int rows, int vocab,
                             const std::vector<SampleRequest>& requests);

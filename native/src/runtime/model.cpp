@@ -495,8 +495,8 @@ void Model::upload_meta(const Step& step, int device_stride) {
   const int T = (int)step.ids.size();
   const size_t head = 5 * (size_t)T;
   HEARTH_REQUIRE(device_stride >= step.table_stride, "forward: table stride too small");
-  HEARTH_REQUIRE(head + (size_t)T * device_stride <= meta_ints_ &&
-                 head + step.tables.size() <= meta_ints_,
+  const size_t table_rows = step.tables.size() / std::max(1, step.table_stride);  // 1 for a prompt
+  HEARTH_REQUIRE(head + table_rows * device_stride <= meta_ints_,
                  "forward: step metadata larger than planned");
   HEARTH_CUDA(cudaEventSynchronize(meta_done_));  // the previous upload has left the pinned buffer
   int32_t* host = meta_host_.as<int32_t>();
@@ -510,9 +510,10 @@ void Model::upload_meta(const Step& step, int device_stride) {
     HEARTH_CUDA(cudaMemcpyAsync(meta_, host, off * 4, cudaMemcpyHostToDevice, stream_));
   } else {
     HEARTH_CUDA(cudaMemcpyAsync(meta_, host, head * 4, cudaMemcpyHostToDevice, stream_));
-    if (T > 0)
+    if (table_rows > 0)
       HEARTH_CUDA(cudaMemcpy2DAsync(meta_ + head, (size_t)device_stride * 4, host + head,
-                                    (size_t)step.table_stride * 4, (size_t)step.table_stride * 4, T,
+                                    (size_t)step.table_stride * 4, (size_t)step.table_stride * 4,
+                                    table_rows,
                                     cudaMemcpyHostToDevice, stream_));
   }
   HEARTH_CUDA(cudaEventRecord(meta_done_, stream_));
