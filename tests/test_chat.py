@@ -210,3 +210,13 @@ def test_stepwise_tokenizer_load_equals_from_file(default_model, synth):
             ids = ref.encode(text).ids
             assert ours.encode(text).ids == ids
             assert ours.decode(ids, skip_special_tokens=False) == ref.decode(ids, skip_special_tokens=False)
+
+
+def test_load_that_cannot_fit_is_refused_with_advice(synth, tmp_path):
+    folder = synth("tiny", tokenizer=True, max_position_embeddings=2**31)
+    eng = Engine(backend="torch", home=tmp_path / "home")
+    with pytest.raises(errors.EngineOutOfMemory, match="reduce the context to") as caught:
+        eng.load_model(folder, context_length=2**31)
+    assert caught.value.needed_bytes > caught.value.free_bytes > 0
+    assert eng.loaded_models() == []
+    assert eng.load_model(folder, context_length=512).id        # a context that fits loads fine
