@@ -7,7 +7,9 @@ listeners hear about it: listener(event, payload) with events "opened", "message
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Optional
+from typing import Optional
+
+from .observable import Observable
 
 from ..store import COMPLETE, ERROR, STOPPED, STREAMING, ChatStore, StoredChat, StoredMessage
 
@@ -26,19 +28,12 @@ class GenerationRequest:
 
 
 @dataclass
-class ChatState:
+class ChatState(Observable):
     store: ChatStore
     chat: Optional[StoredChat] = None
     messages: list = field(default_factory=list)      # [StoredMessage]
     streaming: Optional[StoredMessage] = None
     _listeners: list = field(default_factory=list)
-
-    def subscribe(self, listener: Callable[[str, object], None]) -> None:
-        self._listeners.append(listener)
-
-    def _emit(self, event: str, payload=None) -> None:
-        for listener in list(self._listeners):
-            listener(event, payload)
 
     # --- choosing a chat -------------------------------------------------------------------
     def open(self, chat_id: str) -> None:

@@ -5,7 +5,9 @@ Qt-free. Filled from the worker's `library_changed`, `inspected`, `loaded` and `
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Optional
+from typing import Optional
+
+from .observable import Observable
 
 
 def human_bytes(n: Optional[int]) -> str:
@@ -68,18 +70,11 @@ class LibraryRow:
 
 
 @dataclass
-class LibraryState:
+class LibraryState(Observable):
     rows: list = field(default_factory=list)          # [LibraryRow]
     loaded: set = field(default_factory=set)           # model ids
     _parameter_counts: dict = field(default_factory=dict)
     _listeners: list = field(default_factory=list)
-
-    def subscribe(self, listener: Callable[[str, object], None]) -> None:
-        self._listeners.append(listener)
-
-    def _emit(self, event: str, payload=None) -> None:
-        for listener in list(self._listeners):
-            listener(event, payload)
 
     def set_manifests(self, manifests) -> None:
         rows = [LibraryRow.from_manifest(m) for m in manifests]
