@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
@@ -147,7 +148,35 @@ def bench_runner(runner, vocab: int, tokens: int, batches, peak, long_prompts: b
     return row
 
 
-def bench_cuda(path: str, tokens: int, bandwidth: float, max_batch: int) -> dict:
+def bench_prefill_variant(runner, vocab: int, env: str, value: str) -> dict:
+    """TTFT of a 2,048-token prompt and the second turn with `env`=`value` (read per prefill call),
+    so one run compares the prefill attention variants."""
+    from engine.sampling import GREEDY, SamplerState
+
+    old = os.environ.get(env)
+    os.environ[env] = value
+    try:
+        prompt = _tokens(2048, vocab, 2048)
+        _ttft(runner, prompt)
+        ttft = statistics.median(_ttft(runner, prompt) for _ in range(2))
+        hist = runner.allocate_sequence()
+        runner.prefill(hist, _tokens(HISTORY, vocab, 8))
+        start = time.perf_counter()
+        runner.prefill(hist, _tokens(MESSAGE, vocab, 7))
+        runner.sample([SamplerState.start(GREEDY)])
+        second = time.perf_counter() - start
+        runner.release_sequence(hist)
+        alone = statistics.median(_ttft(runner, _tokens(MESSAGE, vocab, 7)) for _ in range(2))
+    finally:
+        if old is None:
+            del os.environ[env]
+        else:
+            os.environ[env] = old
+    return {f"{env}={value}": {"ttft_2048_ms": 1e3 * ttft, "prefill_2048_tok_s": 2048 / ttft,
+                               "second_turn_ttft_ms": 1e3 * second, "second_turn_ratio": second / alone}}
+
+
+def bench_cuda(path: str, tokens: int, bandwidth: float, max_batch: int, prefill_ab: bool = False) -> dict:
     import torch
 
     from engine.backends import cuda_native
@@ -169,6 +198,8 @@ def bench_cuda(path: str, tokens: int, bandwidth: float, max_batch: int) -> dict
                "graph_buckets": runner.graph_buckets(), "gemm_backend": mem["gemm_backend"]}
         row.update(bench_runner(runner, info.decoder.vocab_size, tokens,
                                 [b for b in AGG_BATCHES if b <= max_batch], peak))
+        if prefill_ab:
+            row.update(bench_prefill_variant(runner, info.decoder.vocab_size, "HEARTH_PREFILL_ATTN", "scalar"))
         row["roofline_tok_s"] = bandwidth / mem["weight_bytes"]
         row["roofline_fraction"] = row["decode_tok_s"] / row["roofline_tok_s"]
         row["peak_gpu_gb"] = peak.peak / 1e9
@@ -257,6 +288,13 @@ def print_table(result: dict) -> None:
         name = r["model"].rstrip("/").split("/")[-1]
         print(f"| {name} | " + " | ".join(_fmt(r.get(c[1]), c[2]) if c[2] != "s" else str(r.get(c[1]))
                                         for c in cols) + " |")
+    for r in result["rows"]:
+        for key, v in r.items():
+            if key.startswith("HEARTH_") and isinstance(v, dict):
+                name = r["model"].rstrip("/").split("/")[-1]
+                print(f"{name} with {key}: TTFT 2048 {v['ttft_2048_ms']:.1f} ms "
+                      f"({v['prefill_2048_tok_s']:,.0f} tok/s), 2nd turn {v['second_turn_ttft_ms']:.1f} ms "
+                      f"(x{v['second_turn_ratio']:.2f})")
 
 
 def main(argv=None) -> int:
@@ -266,6 +304,8 @@ def main(argv=None) -> int:
     parser.add_argument("--max-batch", type=int, default=64)
     parser.add_argument("--hf", action="store_true", help="also transformers (bf16, eager)")
     parser.add_argument("--torch", action="store_true", help="also the torch backend (checkpoints < 1 GB)")
+    parser.add_argument("--prefill-ab", action="store_true",
+                        help="also TTFT 2048 and the second turn with the scalar prefill attention")
     parser.add_argument("--json")
     args = parser.parse_args(argv)
     import torch
@@ -282,7 +322,7 @@ def main(argv=None) -> int:
                 json.dump(result, f, indent=1)
 
     for path in args.model:
-        for name, fn in (("cuda-native", lambda: bench_cuda(path, args.tokens, bandwidth, args.max_batch)),
+        for name, fn in (("cuda-native", lambda: bench_cuda(path, args.tokens, bandwidth, args.max_batch, args.prefill_ab)),
                          ("transformers", lambda: bench_hf(path, min(args.tokens, 64)) if args.hf else None),
                          ("torch", lambda: bench_torch(path, args.tokens) if args.torch else None)):
             if name == "torch" and args.torch:

@@ -2,8 +2,9 @@
 # The one script run on the GPU machine: build the extension for that GPU, generate synthetic
 # checkpoints, run the cuda tests, run the decode benchmark. Logs under $OUT (or ./gpu-out).
 # Usage: scripts/gpu_check.sh [all|build|test|bench] [pytest -k expression]
-# HEARTH_TEST_TIMEOUT / HEARTH_BENCH_TIMEOUT (seconds) bound the two long steps, so one device call
-# of at most 10 minutes always ends with its summary.
+# HEARTH_TEST_TIMEOUT / HEARTH_BENCH_TIMEOUT / HEARTH_OLD_PATHS_TIMEOUT (seconds) bound the long
+# steps, so one device call of at most 10 minutes always ends with its summary.
+# HEARTH_OLD_PATHS_K: a pytest -k expression run last with the earlier kernels switched on.
 set -uo pipefail
 STEP=${1:-all}
 KEXPR=${2:-}
@@ -41,11 +42,23 @@ if [[ $STEP == all || $STEP == test ]]; then
 fi
 
 if [[ $STEP == all || $STEP == bench ]]; then
-  timeout "${HEARTH_BENCH_TIMEOUT:-200}" python3 -m engine.bench --hf --torch --tokens 128 --json "$OUT/bench.json" \
+  # HEARTH_BENCH_ARGS: peers to bench beside cuda-native (default --hf --torch; "" for none) and
+  # --prefill-ab (TTFT 2048 / second turn again with the scalar prefill attention).
+  read -r -a bench_args <<<"${HEARTH_BENCH_ARGS---hf --torch}"
+  timeout "${HEARTH_BENCH_TIMEOUT:-200}" python3 -m engine.bench "${bench_args[@]}" --tokens 128 --json "$OUT/bench.json" \
     --model "$MODELS/smollm2-135m" --model "$MODELS/llama3.2-1b" --model "$MODELS/llama3.1-8b" \
     >"$OUT/bench.log" 2>&1
   summary+=("bench rc=$?")
   grep -v '^{' "$OUT/bench.log" | tail -20
+fi
+
+# The earlier kernels behind their switches (HEARTH_PREFILL_ATTN=scalar, HEARTH_GEMV_FEATURES=1),
+# a runner-level subset, so a default can be flipped back without another device run.
+if [[ ($STEP == all || $STEP == test) && -n ${HEARTH_OLD_PATHS_K:-} ]]; then
+  HEARTH_PREFILL_ATTN=scalar HEARTH_GEMV_FEATURES=1 timeout "${HEARTH_OLD_PATHS_TIMEOUT:-60}" \
+    python3 -m pytest -m cuda tests/cuda -q -rs -k "$HEARTH_OLD_PATHS_K" >"$OUT/pytest_old.log" 2>&1
+  summary+=("pytest old paths (scalar prefill, 1 feature/warp) rc=$?: $(tail -1 "$OUT/pytest_old.log")")
+  grep -E "FAILED|Error" "$OUT/pytest_old.log" | head -20
 fi
 
 echo "=== summary ==="

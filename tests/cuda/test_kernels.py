@@ -1,7 +1,9 @@
 """Each kernel family against a torch reference, on fresh random inputs at several sizes (odd ones too)."""
 from __future__ import annotations
 
+import contextlib
 import math
+import os
 
 import pytest
 
@@ -170,10 +172,46 @@ def test_prefill_attention(start, n, heads, kvh, hd):
     kv_lens = torch.arange(start + 1, start + n + 1, device="cuda", dtype=torch.int32)
     row_table = torch.zeros(n, device="cuda", dtype=torch.int32)
     out = poison((n, heads * hd), torch.float32)
-    K().paged_attention("prefill", ptr(q), ptr(kc), ptr(vc), ptr(tables), ptr(row_table), ptr(kv_lens), ptr(out),
-                        n, heads, kvh, hd, 16, max_blocks, 1 / math.sqrt(hd), 0)
+    K().paged_attention("prefill_scalar", ptr(q), ptr(kc), ptr(vc), ptr(tables), ptr(row_table), ptr(kv_lens),
+                        ptr(out), n, heads, kvh, hd, 16, max_blocks, 1 / math.sqrt(hd), 0)
     for r in range(n):
         assert rel(out[r], _attention_ref(q[r], kc, vc, tables[0], start + r + 1, heads, kvh, hd)) < 1e-5
+
+
+def _prefill_ref(q, kc, vc, table, start, n, heads, kvh, hd, bs=16):
+    """Causal attention of n new rows (positions start..start+n-1) over start + n cached keys, float64."""
+    total = start + n
+    pos = torch.arange(total, device="cuda")
+    slots = table.long()[pos // bs] * bs + pos % bs
+    k = kc[slots].double().repeat_interleave(heads // kvh, dim=1)  # [total, heads, hd]
+    v = vc[slots].double().repeat_interleave(heads // kvh, dim=1)
+    s = torch.einsum("nhd,lhd->hnl", q.double().view(n, heads, hd), k) / math.sqrt(hd)
+    visible = pos[None, :] <= (start + torch.arange(n, device="cuda"))[:, None]  # [n, total]
+    s = s.masked_fill(~visible[None], float("-inf"))
+    return torch.einsum("hnl,lhd->nhd", torch.softmax(s, -1), v).reshape(n, heads * hd)
+
+
+@pytest.mark.parametrize("start,n,heads,kvh,hd", [(0, 1, 4, 2, 64), (0, 37, 9, 3, 64), (100, 65, 16, 8, 128),
+                                                  (7, 130, 32, 8, 128), (0, 512, 32, 8, 128),
+                                                  (4096, 64, 32, 8, 128), (33, 200, 16, 8, 96),
+                                                  (5, 77, 8, 8, 32), (1000, 300, 14, 2, 64), (63, 1, 32, 8, 128)])
+@pytest.mark.parametrize("mode,bar", [("prefill_tc", 1e-3), ("prefill_tc1", 1e-2)])
+def test_prefill_attention_tensor_cores(start, n, heads, kvh, hd, mode, bar):
+    """Flash-attention on tensor cores vs float64 (tc: q and P as bf16 hi + lo; tc1: bf16 only), with
+    and without history (second turn), odd lengths, GQA groups 1-7, every row written."""
+    kc, vc, tables, max_blocks = _attention_case([start + n], heads, kvh, hd)
+    q = torch.randn(n, heads * hd, device="cuda")
+    kv_lens = torch.arange(start + 1, start + n + 1, device="cuda", dtype=torch.int32)
+    row_table = torch.zeros(n, device="cuda", dtype=torch.int32)
+    out = poison((n, heads * hd), torch.float32)
+    K().paged_attention(mode, ptr(q), ptr(kc), ptr(vc), ptr(tables), ptr(row_table), ptr(kv_lens),
+                        ptr(out), n, heads, kvh, hd, 16, max_blocks, 1 / math.sqrt(hd), 0)
+    assert torch.isfinite(out).all()
+    ref = _prefill_ref(q, kc, vc, tables[0], start, n, heads, kvh, hd)
+    err = rel(out, ref)
+    worst = max(rel(out[r], ref[r]) for r in range(0, n, max(1, n // 16)))
+    print(f"\n[{mode}] start {start} n {n} heads {heads}/{kvh} hd {hd}: rel {err:.2e}, worst row {worst:.2e}")
+    assert err < bar and worst < 2 * bar
 
 
 @pytest.mark.parametrize("rows,inter", [(1, 7), (9, 1536), (64, 14336)])
@@ -198,18 +236,34 @@ def test_matmul(path, rows, n, k):
     assert rel(out, x.double() @ w.double().T) < 1e-4
 
 
-@pytest.mark.parametrize("n,k", [(4096, 4096), (2048, 8192), (49152, 576)])
-def test_gemv_rows_do_not_depend_on_batch(n, k):
+@contextlib.contextmanager
+def _env(name, value):
+    old = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        if old is None:
+            del os.environ[name]
+        else:
+            os.environ[name] = old
+
+
+@pytest.mark.parametrize("features", ["4", "1"])  # 4: several outputs per warp (default); 1: the earlier kernel
+@pytest.mark.parametrize("n,k", [(4096, 4096), (2048, 8192), (49152, 576), (1001, 576), (6, 1032)])
+def test_gemv_rows_do_not_depend_on_batch(n, k, features):
     """A row's GEMV result is bit-identical alone and among 2..8 rows (batched == unbatched greedy)."""
     x = torch.randn(8, k, device="cuda")
     w = (torch.randn(n, k, device="cuda") * 0.02).bfloat16()
     alone = torch.empty(8, n, device="cuda")
     for r in range(8):
         K().matmul("gemv", ptr(x[r]), ptr(w), ptr(alone[r]), 1, n, k)
-    for rows in (2, 5, 8):
-        out = poison((rows, n), torch.float32)
-        K().matmul("gemv", ptr(x), ptr(w), ptr(out), rows, n, k)
-        assert torch.equal(out, alone[:rows])
+    with _env("HEARTH_GEMV_FEATURES", features):
+        for rows in (2, 3, 5, 8):
+            out = poison((rows, n), torch.float32)
+            K().matmul("gemv", ptr(x), ptr(w), ptr(out), rows, n, k)
+            assert torch.equal(out, alone[:rows])
+    assert rel(alone, x.double() @ w.double().T) < 1e-4
 
 
 def test_gemv_bandwidth_8b_shapes():
@@ -231,12 +285,14 @@ def test_gemv_bandwidth_8b_shapes():
                        ("lm_head", 128256, 4096)]:
         copies = max(1, (1 << 30) // (n * k * 2))
         w = torch.empty(copies * n * k, dtype=torch.bfloat16, device="cuda").normal_(0, 0.02)
-        for rows in (1, 8):
+        for rows, features in ((1, "4"), (2, "4"), (4, "4"), (8, "4"), (8, "1")):
             x = torch.randn(rows, k, device="cuda")
             out = torch.empty(rows, n, device="cuda")
-            s = K().gemv_seconds(ptr(x), ptr(w), ptr(out), rows, n, k, copies, 50)
+            with _env("HEARTH_GEMV_FEATURES", features):
+                s = K().gemv_seconds(ptr(x), ptr(w), ptr(out), rows, n, k, copies, 50)
             bw = n * k * 2 / s
-            print(f"\n[gemv 8B {name} {n}x{k} rows={rows}] {s * 1e6:.1f} us, {bw / 1e12:.2f} TB/s, "
+            print(f"\n[gemv 8B {name} {n}x{k} rows={rows} features/warp={features if rows > 1 else 1}] "
+                  f"{s * 1e6:.1f} us, {bw / 1e12:.2f} TB/s, "
                   f"{100 * bw / peak:.0f} % of measured read bandwidth {peak / 1e12:.2f} TB/s", end="")
             if rows == 1 and name != "lm_head":
                 total_bytes += n * k * 2

@@ -1,6 +1,19 @@
 // Causal prefill attention over the paged cache: a chunk of prompt tokens (already written to the
 // cache by rope_kv) each attends to the kv_lens[row] = position + 1 keys before and including it.
-// One warp per (query row, head), eight rows per block; out = softmax(q k^T * scale) v, fp32.
+// out = softmax(q k^T * scale) v, fp32 out. Two variants, picked per call by HEARTH_PREFILL_ATTN:
+//  - tc (default): flash-attention-2 on tensor cores (mma.sync m16n8k16 bf16, fp32 accumulate).
+//    One block per (head, 64 query rows), 4 warps of 16 rows; 64-key tiles of K and V gathered
+//    from the paged cache into shared memory with cp.async (two stages); online softmax in fp32
+//    registers; P goes to the second product straight from the score registers. q and P are split
+//    into bf16 hi + lo (two products each), so they keep ~16 bits of mantissa: the result is as
+//    close to fp32 as the scalar kernel (K and V are bf16 in the cache, exact in both).
+//    HEARTH_PREFILL_ATTN=tc1 skips the lo halves (one product each: faster, ~3e-3 relative).
+//    All rows of one call must use one block table (a prompt chunk does).
+//    Head sizes 32, 64, 96, 128; others use the scalar variant.
+//  - scalar: one warp per (query row, head), eight rows per block, all fp32 (the reference path).
+#include <cstdlib>
+#include <cstring>
+
 #include "attention_common.cuh"
 
 namespace hearth {
@@ -31,15 +44,303 @@ prefill_attention_kernel(PagedAttention p) {
   for (int r = 0; r < HD / 32; ++r) out[lane + 32 * r] = st.acc[r] * inv;
 }
 
-void launch_prefill_attention(const PagedAttention& p, cudaStream_t stream) {
+// ---- tensor-core variant ----------------------------------------------------------------------
+
+constexpr int kTcQueryTile = 64;  // query rows per block (4 warps x 16)
+constexpr int kTcKeyTile = 64;    // keys per shared-memory tile
+constexpr int kTcThreads = 128;
+
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool valid) {
+  const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+  const int n = valid ? 16 : 0;  // 0: no read, the 16 bytes are zero-filled
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(n));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);  // .x (low 16 bits) = lo
+  uint32_t r;
+  memcpy(&r, &v, 4);
+  return r;
+}
+
+// (a, b) -> bf16x2 hi = round(a, b) and, with SPLIT, lo = round((a, b) - hi).
+template <bool SPLIT>
+__device__ __forceinline__ void split_bf16(float a, float b, uint32_t& hi, uint32_t& lo) {
+  const __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
+  memcpy(&hi, &h, 4);
+  if constexpr (SPLIT) {
+    const float2 hf = __bfloat1622float2(h);
+    lo = pack_bf16(a - hf.x, b - hf.y);
+  }
+}
+
+// c (16x8 fp32) += a (16x16 bf16, row) * b (16x8 bf16, col).
+__device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
+                                         uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* smem) {
+  const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(s));
+}
+
+template <int HD>
+constexpr size_t tc_smem_bytes() {
+  return (size_t)2 /*stages*/ * 2 /*K,V*/ * kTcKeyTile * (HD + 8) * sizeof(bf16);
+}
+
+// Fragment names follow the PTX m16n8k16 layout: lane = 4 g + t; a thread holds rows g and g + 8
+// of its warp's 16 query rows and, in a score tile, the key columns 2t and 2t + 1 of each 8.
+template <int HD, bool SPLIT>
+__global__ void __launch_bounds__(kTcThreads)
+prefill_attention_tc_kernel(PagedAttention p) {
+  constexpr int KT = kTcKeyTile, LD = HD + 8;  // LD: padded smem row (bf16), conflict-free
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  bf16* ks = reinterpret_cast<bf16*>(smem_raw);  // [2][KT][LD]
+  bf16* vs = ks + 2 * KT * LD;                    // [2][KT][LD]
+  __shared__ int s_kv_max;
+
+  const int h = blockIdx.x, q0 = blockIdx.y * kTcQueryTile;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const int kvh = h / (p.heads / p.kv_heads);
+  const int r_lo = q0 + warp * 16 + g, r_hi = r_lo + 8;
+  const int len_lo = r_lo < p.rows ? p.kv_lens[r_lo] : 0;  // rows past the chunk see no keys
+  const int len_hi = r_hi < p.rows ? p.kv_lens[r_hi] : 0;
+  const int warp_kv = (int)__reduce_max_sync(0xffffffffu, (unsigned)max(len_lo, len_hi));
+  if (threadIdx.x == 0) s_kv_max = 0;
+  __syncthreads();
+  if (lane == 0) atomicMax(&s_kv_max, warp_kv);
+  __syncthreads();
+  const int kv_max = s_kv_max;
+  const int32_t* table = p.block_tables + (size_t)p.row_table[q0] * p.max_blocks;
+
+  // q fragments (bf16 hi, lo) for the warp's 16 rows; rows past the chunk read the last row (masked).
+  uint32_t qf[HD / 16][4];
+  uint32_t ql[SPLIT ? HD / 16 : 1][4];
+  {
+    const float* qlo = p.q + ((size_t)min(r_lo, p.rows - 1) * p.heads + h) * HD + 2 * t;
+    const float* qhi = p.q + ((size_t)min(r_hi, p.rows - 1) * p.heads + h) * HD + 2 * t;
+#pragma unroll
+    for (int kc = 0; kc < HD / 16; ++kc) {
+      const float2 a0 = *reinterpret_cast<const float2*>(qlo + kc * 16);
+      const float2 a1 = *reinterpret_cast<const float2*>(qhi + kc * 16);
+      const float2 a2 = *reinterpret_cast<const float2*>(qlo + kc * 16 + 8);
+      const float2 a3 = *reinterpret_cast<const float2*>(qhi + kc * 16 + 8);
+      uint32_t* lo = ql[SPLIT ? kc : 0];
+      split_bf16<SPLIT>(a0.x, a0.y, qf[kc][0], lo[0]);
+      split_bf16<SPLIT>(a1.x, a1.y, qf[kc][1], lo[1]);
+      split_bf16<SPLIT>(a2.x, a2.y, qf[kc][2], lo[2]);
+      split_bf16<SPLIT>(a3.x, a3.y, qf[kc][3], lo[3]);
+    }
+  }
+
+  auto load_tile = [&](int tile, int buf) {
+    constexpr int CH = HD / 8;  // 16-byte chunks per key row
+    const int key0 = tile * KT;
+    bf16* kd = ks + buf * KT * LD;
+    bf16* vd = vs + buf * KT * LD;
+    for (int i = threadIdx.x; i < KT * CH; i += kTcThreads) {
+      const int kr = i / CH, c = i - kr * CH;
+      const int key = key0 + kr;
+      const bool ok = key < kv_max;  // keys past the block's last row: zeros (never NaN)
+      size_t off = 0;
+      if (ok) off = (cache_slot(table, p.block_size, key) * p.kv_heads + kvh) * HD + c * 8;
+      cp_async16(kd + kr * LD + c * 8, p.k_cache + off, ok);
+      cp_async16(vd + kr * LD + c * 8, p.v_cache + off, ok);
+    }
+    cp_async_commit();
+  };
+
+  float o[HD / 8][4];
+#pragma unroll
+  for (int nd = 0; nd < HD / 8; ++nd) o[nd][0] = o[nd][1] = o[nd][2] = o[nd][3] = 0.f;
+  float m_lo = -INFINITY, m_hi = -INFINITY, l_lo = 0.f, l_hi = 0.f;
+  const float scale_log2 = p.scale * 1.4426950408889634f;
+  const int n_tiles = (kv_max + KT - 1) / KT;
+
+  if (n_tiles > 0) load_tile(0, 0);
+  for (int it = 0; it < n_tiles; ++it) {
+    if (it + 1 < n_tiles) {
+      load_tile(it + 1, (it + 1) & 1);
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();
+    const int key0 = it * KT;
+    if (key0 < warp_kv) {  // warp-uniform: a warp whose rows see none of this tile skips it
+      const bf16* kb = ks + (it & 1) * KT * LD;
+      const bf16* vb = vs + (it & 1) * KT * LD;
+      float s[KT / 8][4];
+#pragma unroll
+      for (int nb = 0; nb < KT / 8; ++nb) {
+        s[nb][0] = s[nb][1] = s[nb][2] = s[nb][3] = 0.f;
+        const bf16* krow = kb + (nb * 8 + g) * LD + 2 * t;
+#pragma unroll
+        for (int kc = 0; kc < HD / 16; ++kc) {
+          const uint32_t b0 = *reinterpret_cast<const uint32_t*>(krow + kc * 16);
+          const uint32_t b1 = *reinterpret_cast<const uint32_t*>(krow + kc * 16 + 8);
+          mma_bf16(s[nb], qf[kc], b0, b1);
+          if constexpr (SPLIT) mma_bf16(s[nb], ql[kc], b0, b1);
+        }
+      }
+      // mask (causal / chunk end), scale to log2 units, row max over the quad
+      float mx_lo = -INFINITY, mx_hi = -INFINITY;
+#pragma unroll
+      for (int nb = 0; nb < KT / 8; ++nb) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int key = key0 + nb * 8 + 2 * t + e;
+          s[nb][e] = key < len_lo ? s[nb][e] * scale_log2 : -INFINITY;
+          s[nb][2 + e] = key < len_hi ? s[nb][2 + e] * scale_log2 : -INFINITY;
+          mx_lo = fmaxf(mx_lo, s[nb][e]);
+          mx_hi = fmaxf(mx_hi, s[nb][2 + e]);
+        }
+      }
+#pragma unroll
+      for (int off = 1; off <= 2; off <<= 1) {
+        mx_lo = fmaxf(mx_lo, __shfl_xor_sync(0xffffffffu, mx_lo, off));
+        mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, off));
+      }
+      const float new_lo = fmaxf(m_lo, mx_lo), new_hi = fmaxf(m_hi, mx_hi);
+      const float base_lo = new_lo == -INFINITY ? 0.f : new_lo;  // no (-inf) - (-inf)
+      const float base_hi = new_hi == -INFINITY ? 0.f : new_hi;
+      const float corr_lo = exp2f(m_lo - base_lo), corr_hi = exp2f(m_hi - base_hi);
+      m_lo = new_lo;
+      m_hi = new_hi;
+      float sum_lo = 0.f, sum_hi = 0.f;
+#pragma unroll
+      for (int nb = 0; nb < KT / 8; ++nb) {
+        s[nb][0] = exp2f(s[nb][0] - base_lo);
+        s[nb][1] = exp2f(s[nb][1] - base_lo);
+        s[nb][2] = exp2f(s[nb][2] - base_hi);
+        s[nb][3] = exp2f(s[nb][3] - base_hi);
+        sum_lo += s[nb][0] + s[nb][1];
+        sum_hi += s[nb][2] + s[nb][3];
+      }
+      l_lo = l_lo * corr_lo + sum_lo;  // this thread's columns; the quad is summed at the end
+      l_hi = l_hi * corr_hi + sum_hi;
+#pragma unroll
+      for (int nd = 0; nd < HD / 8; ++nd) {
+        o[nd][0] *= corr_lo;
+        o[nd][1] *= corr_lo;
+        o[nd][2] *= corr_hi;
+        o[nd][3] *= corr_hi;
+      }
+      // o += P V: the score registers of two 8-key blocks are one 16x16 A fragment.
+#pragma unroll
+      for (int kk = 0; kk < KT / 16; ++kk) {
+        uint32_t a[4], al[4];
+        split_bf16<SPLIT>(s[2 * kk][0], s[2 * kk][1], a[0], al[0]);
+        split_bf16<SPLIT>(s[2 * kk][2], s[2 * kk][3], a[1], al[1]);
+        split_bf16<SPLIT>(s[2 * kk + 1][0], s[2 * kk + 1][1], a[2], al[2]);
+        split_bf16<SPLIT>(s[2 * kk + 1][2], s[2 * kk + 1][3], a[3], al[3]);
+        // ldmatrix.x4.trans: lanes 0-15 address key rows kk*16 + 0..15 at dims nd*8, lanes 16-31
+        // the same rows at dims nd*8 + 8: r[0..1] = B of dims block nd, r[2..3] of block nd + 1.
+        const bf16* vrow = vb + (kk * 16 + (lane & 15)) * LD + (lane >> 4) * 8;
+#pragma unroll
+        for (int nd = 0; nd < HD / 8; nd += 2) {
+          uint32_t r[4];
+          ldmatrix_x4_trans(r, vrow + nd * 8);
+          mma_bf16(o[nd], a, r[0], r[1]);
+          mma_bf16(o[nd + 1], a, r[2], r[3]);
+          if constexpr (SPLIT) {
+            mma_bf16(o[nd], al, r[0], r[1]);
+            mma_bf16(o[nd + 1], al, r[2], r[3]);
+          }
+        }
+      }
+    }
+    __syncthreads();  // the buffer just read is the next load's target
+  }
+
+#pragma unroll
+  for (int off = 1; off <= 2; off <<= 1) {
+    l_lo += __shfl_xor_sync(0xffffffffu, l_lo, off);
+    l_hi += __shfl_xor_sync(0xffffffffu, l_hi, off);
+  }
+  const float inv_lo = l_lo > 0.f ? 1.f / l_lo : 0.f;
+  const float inv_hi = l_hi > 0.f ? 1.f / l_hi : 0.f;
+  if (r_lo < p.rows) {
+    float* out = p.out + ((size_t)r_lo * p.heads + h) * HD + 2 * t;
+#pragma unroll
+    for (int nd = 0; nd < HD / 8; ++nd)
+      *reinterpret_cast<float2*>(out + nd * 8) = make_float2(o[nd][0] * inv_lo, o[nd][1] * inv_lo);
+  }
+  if (r_hi < p.rows) {
+    float* out = p.out + ((size_t)r_hi * p.heads + h) * HD + 2 * t;
+#pragma unroll
+    for (int nd = 0; nd < HD / 8; ++nd)
+      *reinterpret_cast<float2*>(out + nd * 8) = make_float2(o[nd][2] * inv_hi, o[nd][3] * inv_hi);
+  }
+}
+
+static void check_prefill_args(const PagedAttention& p) {
   HEARTH_REQUIRE(p.rows >= 0 && p.heads > 0 && p.kv_heads > 0 && p.heads % p.kv_heads == 0,
                  "prefill_attention: heads must be a multiple of kv_heads");
+}
+
+void launch_prefill_attention_scalar(const PagedAttention& p, cudaStream_t stream) {
+  check_prefill_args(p);
   if (p.rows == 0) return;
   dim3 grid(p.heads, (p.rows + kPrefillRowsPerBlock - 1) / kPrefillRowsPerBlock);
   HEARTH_DISPATCH_HEAD_DIM(p.head_dim, {
     prefill_attention_kernel<HD><<<grid, kPrefillRowsPerBlock * 32, 0, stream>>>(p);
     HEARTH_CHECK_LAUNCH("prefill_attention_kernel");
   });
+}
+
+template <int HD, bool SPLIT>
+static void launch_tc(const PagedAttention& p, cudaStream_t stream) {
+  if constexpr (HD > 128) {
+    launch_prefill_attention_scalar(p, stream);
+  } else {
+    constexpr size_t smem = tc_smem_bytes<HD>();
+    static const cudaError_t attr =
+        cudaFuncSetAttribute(prefill_attention_tc_kernel<HD, SPLIT>,
+                             cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    HEARTH_CUDA(attr);
+    dim3 grid(p.heads, (p.rows + kTcQueryTile - 1) / kTcQueryTile);
+    prefill_attention_tc_kernel<HD, SPLIT><<<grid, kTcThreads, smem, stream>>>(p);
+    HEARTH_CHECK_LAUNCH("prefill_attention_tc_kernel");
+  }
+}
+
+void launch_prefill_attention_tc(const PagedAttention& p, bool split, cudaStream_t stream) {
+  check_prefill_args(p);
+  if (p.rows == 0) return;
+  if (split) {
+    HEARTH_DISPATCH_HEAD_DIM(p.head_dim, { launch_tc<HD, true>(p, stream); });
+  } else {
+    HEARTH_DISPATCH_HEAD_DIM(p.head_dim, { launch_tc<HD, false>(p, stream); });
+  }
+}
+
+PrefillAttention prefill_attention_variant() {
+  const char* v = std::getenv("HEARTH_PREFILL_ATTN");
+  if (v && std::strcmp(v, "scalar") == 0) return PrefillAttention::Scalar;
+  if (v && std::strcmp(v, "tc1") == 0) return PrefillAttention::TensorCoreBf16;
+  return PrefillAttention::TensorCoreSplit;
+}
+
+void launch_prefill_attention(const PagedAttention& p, cudaStream_t stream) {
+  switch (prefill_attention_variant()) {
+    case PrefillAttention::Scalar: launch_prefill_attention_scalar(p, stream); break;
+    case PrefillAttention::TensorCoreBf16: launch_prefill_attention_tc(p, false, stream); break;
+    default: launch_prefill_attention_tc(p, true, stream); break;
+  }
 }
 
 }  // namespace hearth

@@ -5,6 +5,11 @@
 // k over up to 8 warps of a block (partial sums combined in shared memory in a fixed order), so a
 // 4096-output projection still fills the GPU. The split depends on (n, k) alone: a row's result is
 // bit-identical whatever the batch size, so batched decoding equals unbatched decoding.
+// At 2-8 rows each warp computes 4 output features per pass (HEARTH_GEMV_FEATURES=1: one, the
+// earlier kernel): an activation chunk read from L1 serves 4 weight rows, so L1 traffic and load
+// issue per weight byte drop 4x (they, not HBM, limited batch 8 to ~20 % of bandwidth).
+#include <cstdlib>
+
 #include "../common.cuh"
 #include "kernels.h"
 
@@ -24,84 +29,132 @@ __device__ __forceinline__ uint4 load_stream(const uint4* p) {
   return v;
 }
 
-template <int R>
-__device__ __forceinline__ void fma8(const uint4& raw, const float* __restrict__ x, int k, int c,
-                                     float* acc) {
-  const __nv_bfloat162* pairs = reinterpret_cast<const __nv_bfloat162*>(&raw);
-  float wf[8];
+// acc[f][r] += dot(8 weights of feature f, x[r, 8c : 8c + 8]) for F features at once: each
+// activation chunk is loaded once (from L1) and used for the F weight rows. The expression per
+// (feature, row) is the same whatever F and R, so a feature's sum does not depend on either.
+template <int R, int F>
+__device__ __forceinline__ void fma8(const uint4 (&raw)[F], const float* __restrict__ x, int k,
+                                     int c, float (&acc)[F][R]) {
+  float wf[F][8];
 #pragma unroll
-  for (int e = 0; e < 4; ++e) {
-    const float2 v = __bfloat1622float2(pairs[e]);
-    wf[2 * e] = v.x;
-    wf[2 * e + 1] = v.y;
+  for (int f = 0; f < F; ++f) {
+    const __nv_bfloat162* pairs = reinterpret_cast<const __nv_bfloat162*>(&raw[f]);
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const float2 v = __bfloat1622float2(pairs[e]);
+      wf[f][2 * e] = v.x;
+      wf[f][2 * e + 1] = v.y;
+    }
   }
 #pragma unroll
   for (int r = 0; r < R; ++r) {
     const float4* xr = reinterpret_cast<const float4*>(x + (size_t)r * k) + 2 * c;
     const float4 a = __ldg(xr), b = __ldg(xr + 1);
-    acc[r] += wf[0] * a.x + wf[1] * a.y + wf[2] * a.z + wf[3] * a.w + wf[4] * b.x + wf[5] * b.y +
-              wf[6] * b.z + wf[7] * b.w;
+#pragma unroll
+    for (int f = 0; f < F; ++f)
+      acc[f][r] += wf[f][0] * a.x + wf[f][1] * a.y + wf[f][2] * a.z + wf[f][3] * a.w +
+                   wf[f][4] * b.x + wf[f][5] * b.y + wf[f][6] * b.z + wf[f][7] * b.w;
   }
 }
 
-// Block: kGemvWarps warps = (kGemvWarps / WPR) output features x WPR warps along k each.
-template <int R, int WPR>
+// Block: kGemvWarps warps = (kGemvWarps / WPR) groups of F output features x WPR warps along k.
+// Every lane walks the chunks c = begin + lane, + 32, ... in ascending order, whatever F: a
+// feature's partial sums, their warp reduction and the fixed-order k-split sum do not depend on F.
+template <int R, int WPR, int F>
 __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(const float* __restrict__ x,
                                                            const bf16* __restrict__ w,
                                                            float* __restrict__ out, int n, int k) {
-  constexpr int kFeatures = kGemvWarps / WPR;
+  constexpr int kGroups = kGemvWarps / WPR;
+  constexpr int U = F >= kGemvUnroll ? 1 : kGemvUnroll / F;  // F * U loads in flight per lane
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int feature = blockIdx.x * kFeatures + warp / WPR;
+  const int f0 = (blockIdx.x * kGroups + warp / WPR) * F;
   const int part = warp % WPR;
   const int vecs = k / 8;
   const int per = (vecs + WPR - 1) / WPR;
   const int begin = part * per;
-  const int end = feature < n ? min(vecs, begin + per) : begin;  // idle warp: no work, still syncs
-  const uint4* wrow = reinterpret_cast<const uint4*>(w + (size_t)min(feature, n - 1) * k);
-
-  float acc[R];
+  const int end = f0 < n ? min(vecs, begin + per) : begin;  // idle warp: no work, still syncs
+  const uint4* wrow[F];
 #pragma unroll
-  for (int r = 0; r < R; ++r) acc[r] = 0.f;
+  for (int f = 0; f < F; ++f)
+    wrow[f] = reinterpret_cast<const uint4*>(w + (size_t)min(f0 + f, n - 1) * k);
+
+  float acc[F][R];
+#pragma unroll
+  for (int f = 0; f < F; ++f)
+#pragma unroll
+    for (int r = 0; r < R; ++r) acc[f][r] = 0.f;
   int c = begin + lane;
-  for (; c + 32 * (kGemvUnroll - 1) < end; c += 32 * kGemvUnroll) {
-    uint4 raw[kGemvUnroll];
+  for (; c + 32 * (U - 1) < end; c += 32 * U) {
+    uint4 raw[U][F];
 #pragma unroll
-    for (int u = 0; u < kGemvUnroll; ++u) raw[u] = load_stream(wrow + c + 32 * u);
+    for (int u = 0; u < U; ++u)
 #pragma unroll
-    for (int u = 0; u < kGemvUnroll; ++u) fma8<R>(raw[u], x, k, c + 32 * u, acc);
+      for (int f = 0; f < F; ++f) raw[u][f] = load_stream(wrow[f] + c + 32 * u);
+#pragma unroll
+    for (int u = 0; u < U; ++u) fma8<R, F>(raw[u], x, k, c + 32 * u, acc);
   }
-  for (; c < end; c += 32) fma8<R>(load_stream(wrow + c), x, k, c, acc);
+  for (; c < end; c += 32) {
+    uint4 raw[F];
+#pragma unroll
+    for (int f = 0; f < F; ++f) raw[f] = load_stream(wrow[f] + c);
+    fma8<R, F>(raw, x, k, c, acc);
+  }
 
 #pragma unroll
-  for (int r = 0; r < R; ++r) acc[r] = warp_sum(acc[r]);
-  if constexpr (WPR == 1) {
-    if (lane == 0 && feature < n)
+  for (int f = 0; f < F; ++f)
 #pragma unroll
-      for (int r = 0; r < R; ++r) out[(size_t)r * n + feature] = acc[r];
-  } else {
-    __shared__ float partial[kGemvWarps][R];
+    for (int r = 0; r < R; ++r) acc[f][r] = warp_sum(acc[f][r]);
+  if constexpr (WPR == 1) {
     if (lane == 0)
 #pragma unroll
-      for (int r = 0; r < R; ++r) partial[warp][r] = acc[r];
-    __syncthreads();
-    if (part == 0 && lane < R && feature < n) {
-      float v = 0.f;
+      for (int f = 0; f < F; ++f)
+        if (f0 + f < n)
 #pragma unroll
-      for (int p = 0; p < WPR; ++p) v += partial[warp + p][lane];
-      out[(size_t)lane * n + feature] = v;
+          for (int r = 0; r < R; ++r) out[(size_t)r * n + f0 + f] = acc[f][r];
+  } else {
+    __shared__ float partial[kGemvWarps][F][R];
+    if (lane == 0)
+#pragma unroll
+      for (int f = 0; f < F; ++f)
+#pragma unroll
+        for (int r = 0; r < R; ++r) partial[warp][f][r] = acc[f][r];
+    __syncthreads();
+    if (part == 0) {
+      for (int i = lane; i < F * R; i += 32) {
+        const int f = i / R, r = i - f * R;
+        if (f0 + f >= n) continue;
+        float v = 0.f;
+#pragma unroll
+        for (int p = 0; p < WPR; ++p) v += partial[warp + p][f][r];
+        out[(size_t)r * n + f0 + f] = v;
+      }
     }
   }
 }
 
-template <int R>
+template <int R, int F>
 void launch_rows(const float* x, const bf16* w, float* out, int n, int k, int wpr,
                  cudaStream_t stream) {
-  const int blocks = (int)(((size_t)n * wpr + kGemvWarps - 1) / kGemvWarps);
+  const int per_block = kGemvWarps / wpr * F;  // output features per block
+  const int blocks = (int)(((size_t)n + per_block - 1) / per_block);
   switch (wpr) {
-    case 1: gemv_kernel<R, 1><<<blocks, kGemvThreads, 0, stream>>>(x, w, out, n, k); break;
-    case 2: gemv_kernel<R, 2><<<blocks, kGemvThreads, 0, stream>>>(x, w, out, n, k); break;
-    case 4: gemv_kernel<R, 4><<<blocks, kGemvThreads, 0, stream>>>(x, w, out, n, k); break;
-    default: gemv_kernel<R, 8><<<blocks, kGemvThreads, 0, stream>>>(x, w, out, n, k); break;
+    case 1: gemv_kernel<R, 1, F><<<blocks, kGemvThreads, 0, stream>>>(x, w, out, n, k); break;
+    case 2: gemv_kernel<R, 2, F><<<blocks, kGemvThreads, 0, stream>>>(x, w, out, n, k); break;
+    case 4: gemv_kernel<R, 4, F><<<blocks, kGemvThreads, 0, stream>>>(x, w, out, n, k); break;
+    default: gemv_kernel<R, 8, F><<<blocks, kGemvThreads, 0, stream>>>(x, w, out, n, k); break;
+  }
+}
+
+template <int R>
+void launch_rows(const float* x, const bf16* w, float* out, int n, int k, int wpr, int features,
+                 cudaStream_t stream) {
+  if constexpr (R == 1) {
+    launch_rows<1, 1>(x, w, out, n, k, wpr, stream);
+  } else {
+    if (features >= 4)
+      launch_rows<R, 4>(x, w, out, n, k, wpr, stream);
+    else
+      launch_rows<R, 1>(x, w, out, n, k, wpr, stream);
   }
 }
 
@@ -116,14 +169,21 @@ int gemv_warps_per_row(int n, int k) {
   return wpr;
 }
 
+int gemv_features_per_warp(int rows) {
+  if (rows <= 1) return 1;
+  const char* v = std::getenv("HEARTH_GEMV_FEATURES");
+  return (v && std::atoi(v) == 1) ? 1 : 4;
+}
+
 void launch_gemv(const float* x, const bf16* w, float* out, int rows, int n, int k,
                  cudaStream_t stream) {
   HEARTH_REQUIRE(rows >= 1 && rows <= kGemvMaxRows && n > 0 && k > 0, "gemv: bad shape");
   HEARTH_REQUIRE(k % 8 == 0, "gemv: k must be a multiple of 8");
   const int wpr = gemv_warps_per_row(n, k);
+  const int features = gemv_features_per_warp(rows);
   switch (rows) {
 #define HEARTH_GEMV_CASE(R) \
-  case R: launch_rows<R>(x, w, out, n, k, wpr, stream); break;
+  case R: launch_rows<R>(x, w, out, n, k, wpr, features, stream); break;
     HEARTH_GEMV_CASE(1) HEARTH_GEMV_CASE(2) HEARTH_GEMV_CASE(3) HEARTH_GEMV_CASE(4)
     HEARTH_GEMV_CASE(5) HEARTH_GEMV_CASE(6) HEARTH_GEMV_CASE(7) HEARTH_GEMV_CASE(8)
 #undef HEARTH_GEMV_CASE

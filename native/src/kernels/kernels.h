@@ -55,7 +55,14 @@ void launch_decode_attention(const PagedAttention& p, int split_len, int max_spl
                              float* partial_ml, float* partial_acc, cudaStream_t stream);
 
 // attention_prefill.cu: many queries (a prompt chunk) attending causally to the paged cache.
+// launch_prefill_attention picks the variant from HEARTH_PREFILL_ATTN: tc (default: tensor cores,
+// q and P split into bf16 hi + lo), tc1 (tensor cores, bf16 q and P) or scalar (fp32, per row).
+// The tensor-core variants need every row to use row_table[0]'s table (a prompt chunk does).
+enum class PrefillAttention { TensorCoreSplit, TensorCoreBf16, Scalar };
+PrefillAttention prefill_attention_variant();
 void launch_prefill_attention(const PagedAttention& p, cudaStream_t stream);
+void launch_prefill_attention_tc(const PagedAttention& p, bool split, cudaStream_t stream);
+void launch_prefill_attention_scalar(const PagedAttention& p, cudaStream_t stream);
 
 // swiglu.cu: gate_up [rows, 2*inter] (gate first) -> out [rows, inter] = silu(gate) * up.
 void launch_swiglu(const float* gate_up, float* out, int rows, int inter, cudaStream_t stream);
@@ -66,6 +73,8 @@ constexpr int kGemvMaxRows = 8;
 void launch_gemv(const float* x, const bf16* w, float* out, int rows, int n, int k,
                  cudaStream_t stream);
 int gemv_warps_per_row(int n, int k);  // the k-split the GEMV uses for this shape (1, 2, 4 or 8)
+// Output features per warp pass: 1 at one row; 4 at 2-8 rows unless HEARTH_GEMV_FEATURES=1.
+int gemv_features_per_warp(int rows);
 
 // gemm.cu: the same product for many rows, through cuBLASLt (loaded at first use) on bf16 tensor
 // cores, x split into two bf16 operands x = hi + lo (split: 2*rows*k bf16 of scratch) so the

@@ -55,6 +55,12 @@ void paged_attention(const std::string& mode, uintptr_t q, uintptr_t k_cache, ui
                    block_size, max_blocks, scale};
   if (mode == "prefill") {
     launch_prefill_attention(p, 0);
+  } else if (mode == "prefill_tc") {
+    launch_prefill_attention_tc(p, true, 0);
+  } else if (mode == "prefill_tc1") {
+    launch_prefill_attention_tc(p, false, 0);
+  } else if (mode == "prefill_scalar") {
+    launch_prefill_attention_scalar(p, 0);
   } else if (mode == "decode") {
     const int max_splits = 64;
     DeviceBuffer ml((size_t)rows * heads * max_splits * 2 * 4, "attention partials");
@@ -62,7 +68,7 @@ void paged_attention(const std::string& mode, uintptr_t q, uintptr_t k_cache, ui
     launch_decode_attention(p, split_len, max_splits, ml.as<float>(), acc.as<float>(), 0);
     sync();
   } else {
-    throw std::invalid_argument("paged_attention: mode must be decode or prefill");
+    throw std::invalid_argument("paged_attention: mode must be decode, prefill, prefill_tc, prefill_tc1 or prefill_scalar");
   }
   sync();
 }
