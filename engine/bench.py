@@ -176,7 +176,29 @@ def bench_prefill_variant(runner, vocab: int, env: str, value: str) -> dict:
                                "second_turn_ttft_ms": 1e3 * second, "second_turn_ratio": second / alone}}
 
 
-def bench_cuda(path: str, tokens: int, bandwidth: float, max_batch: int, prefill_ab: bool = False) -> dict:
+def bench_load_serial(info, max_batch: int) -> float:
+    """Load GB/s with the earlier serial loader (HEARTH_LOAD_THREADS=1), for the A/B."""
+    from engine.backends import cuda_native
+    from engine.backends.base import RunnerOptions
+
+    old = os.environ.get("HEARTH_LOAD_THREADS")
+    os.environ["HEARTH_LOAD_THREADS"] = "1"
+    try:
+        start = time.perf_counter()
+        runner = cuda_native.load_runner(info, info.plan, RunnerOptions(context_length=HISTORY + 1024,
+                                                                         max_batch=max_batch))
+        load_s = time.perf_counter() - start
+        runner.close()
+    finally:
+        if old is None:
+            del os.environ["HEARTH_LOAD_THREADS"]
+        else:
+            os.environ["HEARTH_LOAD_THREADS"] = old
+    return info.weight_bytes / load_s / 1e9
+
+
+def bench_cuda(path: str, tokens: int, bandwidth: float, max_batch: int, prefill_ab: bool = False,
+               ab: bool = False) -> dict:
     import torch
 
     from engine.backends import cuda_native
@@ -184,6 +206,8 @@ def bench_cuda(path: str, tokens: int, bandwidth: float, max_batch: int, prefill
     from engine.checkpoint import inspect
 
     info = inspect(path)
+    torch.cuda.empty_cache()
+    serial_gb_s = bench_load_serial(info, max_batch) if ab else None
     torch.cuda.empty_cache()
     peak = _Peak()
     start = time.perf_counter()
@@ -196,10 +220,14 @@ def bench_cuda(path: str, tokens: int, bandwidth: float, max_batch: int, prefill
         row = {"model": path, "backend": "cuda-native", "weight_bytes": mem["weight_bytes"],
                "load_s": load_s, "load_gb_s": info.weight_bytes / load_s / 1e9,
                "graph_buckets": runner.graph_buckets(), "gemm_backend": mem["gemm_backend"]}
+        if serial_gb_s is not None:
+            row["load_gb_s_serial"] = serial_gb_s
         row.update(bench_runner(runner, info.decoder.vocab_size, tokens,
                                 [b for b in AGG_BATCHES if b <= max_batch], peak))
         if prefill_ab:
             row.update(bench_prefill_variant(runner, info.decoder.vocab_size, "HEARTH_PREFILL_ATTN", "scalar"))
+        if ab:
+            row.update(bench_prefill_variant(runner, info.decoder.vocab_size, "HEARTH_PREFILL_KSPLIT", "0"))
         row["roofline_tok_s"] = bandwidth / mem["weight_bytes"]
         row["roofline_fraction"] = row["decode_tok_s"] / row["roofline_tok_s"]
         row["peak_gpu_gb"] = peak.peak / 1e9
@@ -289,6 +317,9 @@ def print_table(result: dict) -> None:
         print(f"| {name} | " + " | ".join(_fmt(r.get(c[1]), c[2]) if c[2] != "s" else str(r.get(c[1]))
                                         for c in cols) + " |")
     for r in result["rows"]:
+        if "load_gb_s_serial" in r:
+            name = r["model"].rstrip("/").split("/")[-1]
+            print(f"{name} load: serial {r['load_gb_s_serial']:.1f} GB/s -> threaded {r['load_gb_s']:.1f} GB/s")
         for key, v in r.items():
             if key.startswith("HEARTH_") and isinstance(v, dict):
                 name = r["model"].rstrip("/").split("/")[-1]
@@ -306,6 +337,9 @@ def main(argv=None) -> int:
     parser.add_argument("--torch", action="store_true", help="also the torch backend (checkpoints < 1 GB)")
     parser.add_argument("--prefill-ab", action="store_true",
                         help="also TTFT 2048 and the second turn with the scalar prefill attention")
+    parser.add_argument("--ab", action="store_true",
+                        help="also the earlier paths in the same run: serial load (HEARTH_LOAD_THREADS=1), "
+                             "second turn without the prefill key split (HEARTH_PREFILL_KSPLIT=0)")
     parser.add_argument("--json")
     args = parser.parse_args(argv)
     import torch
@@ -322,7 +356,7 @@ def main(argv=None) -> int:
                 json.dump(result, f, indent=1)
 
     for path in args.model:
-        for name, fn in (("cuda-native", lambda: bench_cuda(path, args.tokens, bandwidth, args.max_batch, args.prefill_ab)),
+        for name, fn in (("cuda-native", lambda: bench_cuda(path, args.tokens, bandwidth, args.max_batch, args.prefill_ab, args.ab)),
                          ("transformers", lambda: bench_hf(path, min(args.tokens, 64)) if args.hf else None),
                          ("torch", lambda: bench_torch(path, args.tokens) if args.torch else None)):
             if name == "torch" and args.torch:

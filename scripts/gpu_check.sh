@@ -5,6 +5,7 @@
 # HEARTH_TEST_TIMEOUT / HEARTH_BENCH_TIMEOUT / HEARTH_OLD_PATHS_TIMEOUT (seconds) bound the long
 # steps, so one device call of at most 10 minutes always ends with its summary.
 # HEARTH_OLD_PATHS_K: a pytest -k expression run last with the earlier kernels switched on.
+# HEARTH_SYNTH_SHAPES: the checkpoints to generate (default all four).
 set -uo pipefail
 STEP=${1:-all}
 KEXPR=${2:-}
@@ -27,7 +28,7 @@ if [[ $STEP == all || $STEP == build ]]; then
 fi
 
 if [[ $STEP == all || $STEP == test || $STEP == bench ]]; then
-  for shape in smollm2-135m llama3.2-1b qwen3-0.6b llama3.1-8b; do
+  for shape in ${HEARTH_SYNTH_SHAPES:-smollm2-135m llama3.2-1b qwen3-0.6b llama3.1-8b}; do
     [[ -f $MODELS/$shape/config.json ]] || python3 -m engine.tools.synth --shape "$shape" --out "$MODELS/$shape" >>"$OUT/synth.log" 2>&1
   done
 fi
@@ -45,9 +46,11 @@ if [[ $STEP == all || $STEP == bench ]]; then
   # HEARTH_BENCH_ARGS: peers to bench beside cuda-native (default --hf --torch; "" for none) and
   # --prefill-ab (TTFT 2048 / second turn again with the scalar prefill attention).
   read -r -a bench_args <<<"${HEARTH_BENCH_ARGS---hf --torch}"
+  # HEARTH_BENCH_MODELS: the shapes to bench (default all three).
+  model_args=()
+  for shape in ${HEARTH_BENCH_MODELS:-smollm2-135m llama3.2-1b llama3.1-8b}; do model_args+=(--model "$MODELS/$shape"); done
   timeout "${HEARTH_BENCH_TIMEOUT:-200}" python3 -m engine.bench "${bench_args[@]}" --tokens 128 --json "$OUT/bench.json" \
-    --model "$MODELS/smollm2-135m" --model "$MODELS/llama3.2-1b" --model "$MODELS/llama3.1-8b" \
-    >"$OUT/bench.log" 2>&1
+    "${model_args[@]}" >"$OUT/bench.log" 2>&1
   summary+=("bench rc=$?")
   grep -v '^{' "$OUT/bench.log" | tail -20
 fi
@@ -55,7 +58,7 @@ fi
 # The earlier kernels behind their switches (HEARTH_PREFILL_ATTN=scalar, HEARTH_GEMV_FEATURES=1),
 # a runner-level subset, so a default can be flipped back without another device run.
 if [[ ($STEP == all || $STEP == test) && -n ${HEARTH_OLD_PATHS_K:-} ]]; then
-  HEARTH_PREFILL_ATTN=scalar HEARTH_GEMV_FEATURES=1 timeout "${HEARTH_OLD_PATHS_TIMEOUT:-60}" \
+  HEARTH_PREFILL_ATTN=scalar HEARTH_GEMV_FEATURES=1 HEARTH_PREFILL_KSPLIT=0 HEARTH_DECODE_GEMM=split HEARTH_LOAD_THREADS=1 timeout "${HEARTH_OLD_PATHS_TIMEOUT:-60}" \
     python3 -m pytest -m cuda tests/cuda -q -rs -k "$HEARTH_OLD_PATHS_K" >"$OUT/pytest_old.log" 2>&1
   summary+=("pytest old paths (scalar prefill, 1 feature/warp) rc=$?: $(tail -1 "$OUT/pytest_old.log")")
   grep -E "FAILED|Error" "$OUT/pytest_old.log" | head -20

@@ -187,6 +187,8 @@ void bind_runtime(py::module_& m) {
   k.def("rope_inv_freq", [](const py::dict& config) { return c::rope_inv_freq(model_config(config)); });
   k.def("rope_kv_write", &c::rope_kv_write, release());
   k.def("paged_attention", &c::paged_attention, release());
+  k.def("prefill_key_splits", &hearth::prefill_key_splits, py::arg("rows"), py::arg("heads"),
+        py::arg("head_dim"), py::arg("max_kv_len"), py::arg("part_rows"));
   k.def("swiglu", &c::swiglu, release());
   k.def("matmul", &c::matmul, release());
   k.def("convert_to_bf16", &c::convert_to_bf16, release());

@@ -214,6 +214,58 @@ def test_prefill_attention_tensor_cores(start, n, heads, kvh, hd, mode, bar):
     assert err < bar and worst < 2 * bar
 
 
+@pytest.mark.parametrize("start,n,heads,kvh,hd,splits", [(4096, 64, 32, 8, 128, 9), (1000, 300, 14, 2, 64, 3),
+                                                         (0, 37, 9, 3, 64, 4), (63, 1, 32, 8, 128, 2),
+                                                         (33, 200, 16, 8, 96, 5), (5, 77, 8, 8, 32, 2),
+                                                         (2047, 16, 8, 2, 128, 32)])
+@pytest.mark.parametrize("mode,bar", [("prefill_tc_ksplit", 1e-3), ("prefill_tc1_ksplit", 1e-2)])
+def test_prefill_attention_key_split(start, n, heads, kvh, hd, splits, mode, bar):
+    """Keys split over `splits` blocks per (head, query tile), partials merged (second turn over long
+    history); splits past the key tiles stay empty (m = -inf) and must not disturb the merge."""
+    kc, vc, tables, max_blocks = _attention_case([start + n], heads, kvh, hd)
+    q = torch.randn(n, heads * hd, device="cuda")
+    kv_lens = torch.arange(start + 1, start + n + 1, device="cuda", dtype=torch.int32)
+    row_table = torch.zeros(n, device="cuda", dtype=torch.int32)
+    out = poison((n, heads * hd), torch.float32)
+    K().paged_attention(mode, ptr(q), ptr(kc), ptr(vc), ptr(tables), ptr(row_table), ptr(kv_lens),
+                        ptr(out), n, heads, kvh, hd, 16, max_blocks, 1 / math.sqrt(hd), splits)
+    assert torch.isfinite(out).all()
+    ref = _prefill_ref(q, kc, vc, tables[0], start, n, heads, kvh, hd)
+    err = rel(out, ref)
+    worst = max(rel(out[r], ref[r]) for r in range(0, n, max(1, n // 16)))
+    print(f"\n[{mode} x{splits}] start {start} n {n} heads {heads}/{kvh} hd {hd}: rel {err:.2e}, worst row {worst:.2e}")
+    assert err < bar and worst < 2 * bar
+
+
+def test_prefill_key_split_choice():
+    """The model splits the keys only when (query tiles x heads) leaves SMs idle and history is long."""
+    f = K().prefill_key_splits
+    assert f(64, 32, 128, 4160, 2048) >= 4            # 8B second turn: 32 blocks -> split
+    assert f(512, 32, 128, 4608, 2048) == 1           # 8 query tiles x 32 heads: a full wave already
+    assert f(64, 32, 128, 64, 2048) == 1              # no history: nothing to split
+    assert f(64, 32, 128, 4160, 64) == 1              # no room for partials
+    assert f(64, 9, 64, 4160, 2048) * 64 <= 2048
+
+
+@pytest.mark.parametrize("rows,n,k", [(16, 4096, 4096), (64, 6144, 4096), (33, 1000, 1536)])
+def test_gemm_single_bf16_product(rows, n, k):
+    """The decode GEMM for 16-64 rows with activations rounded to bf16 (weights read once): within
+    bf16 rounding of the fp32 product, and equal to torch's bf16 x bf16 -> fp32 product."""
+    from engine import _native
+
+    if not _native.cublaslt_available():
+        pytest.skip("cuBLASLt not loaded")
+    x = torch.randn(rows, k, device="cuda")
+    w = (torch.randn(n, k, device="cuda") / math.sqrt(k)).bfloat16()
+    out = poison((rows, n), torch.float32)
+    K().matmul("gemm_bf16", ptr(x), ptr(w), ptr(out), rows, n, k)
+    exact = x.double() @ w.double().T
+    err = rel(out, exact)
+    ref_bf16 = rel(out, x.bfloat16().double() @ w.double().T)
+    print(f"\n[gemm_bf16] {rows}x{n}x{k}: rel vs fp64 {err:.2e}, vs bf16-activation fp64 {ref_bf16:.2e}")
+    assert err < 1e-2 and ref_bf16 < 1e-4
+
+
 @pytest.mark.parametrize("rows,inter", [(1, 7), (9, 1536), (64, 14336)])
 def test_swiglu(rows, inter):
     gu = torch.randn(rows, 2 * inter, device="cuda") * 3

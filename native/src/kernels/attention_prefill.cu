@@ -11,6 +11,7 @@
 //    All rows of one call must use one block table (a prompt chunk does).
 //    Head sizes 32, 64, 96, 128; others use the scalar variant.
 //  - scalar: one warp per (query row, head), eight rows per block, all fp32 (the reference path).
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 
@@ -103,9 +104,13 @@ constexpr size_t tc_smem_bytes() {
 
 // Fragment names follow the PTX m16n8k16 layout: lane = 4 g + t; a thread holds rows g and g + 8
 // of its warp's 16 query rows and, in a score tile, the key columns 2t and 2t + 1 of each 8.
+// Key split (gridDim.z > 1, flash-decoding style): block z walks only its share of the key tiles
+// and writes unnormalized partials (o, and m in log2 units + l per row and head) at
+// [(z * rows + row) * heads + head]; prefill_attention_merge_kernel combines them.
 template <int HD, bool SPLIT>
 __global__ void __launch_bounds__(kTcThreads)
-prefill_attention_tc_kernel(PagedAttention p) {
+prefill_attention_tc_kernel(PagedAttention p, float* __restrict__ part_ml,
+                            float* __restrict__ part_acc) {
   constexpr int KT = kTcKeyTile, LD = HD + 8;  // LD: padded smem row (bf16), conflict-free
   extern __shared__ __align__(16) unsigned char smem_raw[];
   bf16* ks = reinterpret_cast<bf16*>(smem_raw);  // [2][KT][LD]
@@ -168,10 +173,13 @@ prefill_attention_tc_kernel(PagedAttention p) {
   for (int nd = 0; nd < HD / 8; ++nd) o[nd][0] = o[nd][1] = o[nd][2] = o[nd][3] = 0.f;
   float m_lo = -INFINITY, m_hi = -INFINITY, l_lo = 0.f, l_hi = 0.f;
   const float scale_log2 = p.scale * 1.4426950408889634f;
-  const int n_tiles = (kv_max + KT - 1) / KT;
+  const int all_tiles = (kv_max + KT - 1) / KT;
+  const int per_split = (all_tiles + (int)gridDim.z - 1) / (int)gridDim.z;
+  const int first_tile = min(all_tiles, (int)blockIdx.z * per_split);
+  const int n_tiles = min(all_tiles, first_tile + per_split);  // one past this block's last tile
 
-  if (n_tiles > 0) load_tile(0, 0);
-  for (int it = 0; it < n_tiles; ++it) {
+  if (first_tile < n_tiles) load_tile(first_tile, first_tile & 1);
+  for (int it = first_tile; it < n_tiles; ++it) {
     if (it + 1 < n_tiles) {
       load_tile(it + 1, (it + 1) & 1);
       cp_async_wait<1>();
@@ -271,6 +279,26 @@ prefill_attention_tc_kernel(PagedAttention p) {
     l_lo += __shfl_xor_sync(0xffffffffu, l_lo, off);
     l_hi += __shfl_xor_sync(0xffffffffu, l_hi, off);
   }
+  if (gridDim.z > 1) {  // partials: unnormalized o, (m, l); rows that saw no key keep m = -inf, l = 0
+    const size_t base = (size_t)blockIdx.z * p.rows;
+    if (r_lo < p.rows) {
+      const size_t pr = (base + r_lo) * p.heads + h;
+      float* out = part_acc + pr * HD + 2 * t;
+#pragma unroll
+      for (int nd = 0; nd < HD / 8; ++nd)
+        *reinterpret_cast<float2*>(out + nd * 8) = make_float2(o[nd][0], o[nd][1]);
+      if (t == 0) *reinterpret_cast<float2*>(part_ml + pr * 2) = make_float2(m_lo, l_lo);
+    }
+    if (r_hi < p.rows) {
+      const size_t pr = (base + r_hi) * p.heads + h;
+      float* out = part_acc + pr * HD + 2 * t;
+#pragma unroll
+      for (int nd = 0; nd < HD / 8; ++nd)
+        *reinterpret_cast<float2*>(out + nd * 8) = make_float2(o[nd][2], o[nd][3]);
+      if (t == 0) *reinterpret_cast<float2*>(part_ml + pr * 2) = make_float2(m_hi, l_hi);
+    }
+    return;
+  }
   const float inv_lo = l_lo > 0.f ? 1.f / l_lo : 0.f;
   const float inv_hi = l_hi > 0.f ? 1.f / l_hi : 0.f;
   if (r_lo < p.rows) {
@@ -285,6 +313,46 @@ prefill_attention_tc_kernel(PagedAttention p) {
     for (int nd = 0; nd < HD / 8; ++nd)
       *reinterpret_cast<float2*>(out + nd * 8) = make_float2(o[nd][2] * inv_hi, o[nd][3] * inv_hi);
   }
+}
+
+// out[row, head] = sum_z 2^(m_z - M) o_z / sum_z 2^(m_z - M) l_z, M = max_z m_z (log2 units).
+template <int HD>
+__global__ void prefill_attention_merge_kernel(PagedAttention p, int splits,
+                                               const float* __restrict__ part_ml,
+                                               const float* __restrict__ part_acc) {
+  const int h = blockIdx.x, row = blockIdx.y;
+  const size_t stride = (size_t)p.rows * p.heads;
+  const size_t pr = (size_t)row * p.heads + h;
+  float m = -INFINITY;
+  for (int z = 0; z < splits; ++z) m = fmaxf(m, part_ml[(z * stride + pr) * 2]);
+  const float base = m == -INFINITY ? 0.f : m;
+  float l = 0.f;
+  for (int z = 0; z < splits; ++z) {
+    const float mz = part_ml[(z * stride + pr) * 2];
+    if (mz != -INFINITY) l += part_ml[(z * stride + pr) * 2 + 1] * exp2f(mz - base);
+  }
+  const float inv = l > 0.f ? 1.f / l : 0.f;
+  float* out = p.out + pr * HD;
+  for (int d = threadIdx.x; d < HD; d += blockDim.x) {
+    float a = 0.f;
+    for (int z = 0; z < splits; ++z) {
+      const float mz = part_ml[(z * stride + pr) * 2];
+      if (mz != -INFINITY) a += part_acc[(z * stride + pr) * HD + d] * exp2f(mz - base);
+    }
+    out[d] = a * inv;
+  }
+}
+
+int prefill_key_splits(int rows, int heads, int head_dim, int max_kv_len, int part_rows) {
+  if (rows <= 0 || head_dim > 128 || max_kv_len <= 0) return 1;
+  const int blocks = heads * ((rows + kTcQueryTile - 1) / kTcQueryTile);
+  if (blocks >= 132) return 1;  // a full wave of (head, query tile) blocks already
+  const int tiles = (max_kv_len + kTcKeyTile - 1) / kTcKeyTile;
+  int splits = (2 * 132 + blocks - 1) / blocks;  // ~two blocks per SM
+  splits = std::min(splits, tiles / 4);           // each split walks >= 4 key tiles
+  splits = std::min(splits, part_rows / rows);
+  splits = std::min(splits, 32);
+  return splits >= 2 ? splits : 1;
 }
 
 static void check_prefill_args(const PagedAttention& p) {
@@ -303,7 +371,8 @@ void launch_prefill_attention_scalar(const PagedAttention& p, cudaStream_t strea
 }
 
 template <int HD, bool SPLIT>
-static void launch_tc(const PagedAttention& p, cudaStream_t stream) {
+static void launch_tc(const PagedAttention& p, int key_splits, float* part_ml, float* part_acc,
+                      cudaStream_t stream) {
   if constexpr (HD > 128) {
     launch_prefill_attention_scalar(p, stream);
   } else {
@@ -312,19 +381,27 @@ static void launch_tc(const PagedAttention& p, cudaStream_t stream) {
         cudaFuncSetAttribute(prefill_attention_tc_kernel<HD, SPLIT>,
                              cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     HEARTH_CUDA(attr);
-    dim3 grid(p.heads, (p.rows + kTcQueryTile - 1) / kTcQueryTile);
-    prefill_attention_tc_kernel<HD, SPLIT><<<grid, kTcThreads, smem, stream>>>(p);
+    if (key_splits < 2 || !part_ml || !part_acc) key_splits = 1;
+    dim3 grid(p.heads, (p.rows + kTcQueryTile - 1) / kTcQueryTile, key_splits);
+    prefill_attention_tc_kernel<HD, SPLIT><<<grid, kTcThreads, smem, stream>>>(p, part_ml, part_acc);
     HEARTH_CHECK_LAUNCH("prefill_attention_tc_kernel");
+    if (key_splits > 1) {
+      prefill_attention_merge_kernel<HD><<<dim3(p.heads, p.rows), HD, 0, stream>>>(
+          p, key_splits, part_ml, part_acc);
+      HEARTH_CHECK_LAUNCH("prefill_attention_merge_kernel");
+    }
   }
 }
 
-void launch_prefill_attention_tc(const PagedAttention& p, bool split, cudaStream_t stream) {
+void launch_prefill_attention_tc(const PagedAttention& p, bool split, cudaStream_t stream,
+                                 int key_splits, float* part_ml, float* part_acc) {
   check_prefill_args(p);
   if (p.rows == 0) return;
+  HEARTH_REQUIRE(key_splits >= 1 && key_splits <= 64, "prefill_attention: key_splits 1..64");
   if (split) {
-    HEARTH_DISPATCH_HEAD_DIM(p.head_dim, { launch_tc<HD, true>(p, stream); });
+    HEARTH_DISPATCH_HEAD_DIM(p.head_dim, { launch_tc<HD, true>(p, key_splits, part_ml, part_acc, stream); });
   } else {
-    HEARTH_DISPATCH_HEAD_DIM(p.head_dim, { launch_tc<HD, false>(p, stream); });
+    HEARTH_DISPATCH_HEAD_DIM(p.head_dim, { launch_tc<HD, false>(p, key_splits, part_ml, part_acc, stream); });
   }
 }
 
@@ -335,11 +412,16 @@ PrefillAttention prefill_attention_variant() {
   return PrefillAttention::TensorCoreSplit;
 }
 
-void launch_prefill_attention(const PagedAttention& p, cudaStream_t stream) {
+void launch_prefill_attention(const PagedAttention& p, cudaStream_t stream,
+                              const PrefillSplitWork* work) {
+  int splits = 1;
+  if (work) splits = prefill_key_splits(p.rows, p.heads, p.head_dim, work->max_kv_len, work->part_rows);
+  float* ml = splits > 1 ? work->part_ml : nullptr;
+  float* acc = splits > 1 ? work->part_acc : nullptr;
   switch (prefill_attention_variant()) {
     case PrefillAttention::Scalar: launch_prefill_attention_scalar(p, stream); break;
-    case PrefillAttention::TensorCoreBf16: launch_prefill_attention_tc(p, false, stream); break;
-    default: launch_prefill_attention_tc(p, true, stream); break;
+    case PrefillAttention::TensorCoreBf16: launch_prefill_attention_tc(p, false, stream, splits, ml, acc); break;
+    default: launch_prefill_attention_tc(p, true, stream, splits, ml, acc); break;
   }
 }
 

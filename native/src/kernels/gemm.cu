@@ -192,7 +192,8 @@ const char* gemm_backend_name() {
 }
 
 void launch_gemm(const float* x, const bf16* w, float* out, int rows, int n, int k, bf16* split,
-                 void* workspace, size_t workspace_bytes, cudaStream_t stream) {
+                 void* workspace, size_t workspace_bytes, cudaStream_t stream,
+                 bool single_product) {
   HEARTH_REQUIRE(rows >= 0 && n > 0 && k > 0, "gemm: bad shape");
   if (rows == 0) return;
 #ifdef HEARTH_WITH_CUBLASLT
@@ -206,6 +207,7 @@ void launch_gemm(const float* x, const bf16* w, float* out, int rows, int n, int
     check_lt(lt().matmul(lt().handle, plan.desc, &alpha, w, plan.a, hi, plan.b, &zero, out, plan.c,
                          out, plan.c, &plan.algo, workspace, workspace_bytes, stream),
              "Matmul");
+    if (single_product) return;  // hi alone: x rounded to bf16, the weights read once
     check_lt(lt().matmul(lt().handle, plan.desc, &alpha, w, plan.a, lo, plan.b, &one, out, plan.c,
                          out, plan.c, &plan.algo, workspace, workspace_bytes, stream),
              "Matmul");

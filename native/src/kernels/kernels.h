@@ -60,8 +60,21 @@ void launch_decode_attention(const PagedAttention& p, int split_len, int max_spl
 // The tensor-core variants need every row to use row_table[0]'s table (a prompt chunk does).
 enum class PrefillAttention { TensorCoreSplit, TensorCoreBf16, Scalar };
 PrefillAttention prefill_attention_variant();
-void launch_prefill_attention(const PagedAttention& p, cudaStream_t stream);
-void launch_prefill_attention_tc(const PagedAttention& p, bool split, cudaStream_t stream);
+// Key split for few query tiles over long history (flash-decoding style): with `work`, the
+// tensor-core variants split the keys over prefill_key_splits(...) blocks per (head, query tile)
+// and merge; partials need splits * rows * heads * (2 + hd) floats (part_rows >= splits * rows).
+struct PrefillSplitWork {
+  float* part_ml;   // [part_rows, heads, 2]
+  float* part_acc;  // [part_rows, heads, hd]
+  int part_rows;
+  int max_kv_len;   // the largest kv_len of the call (host knows it for a prompt chunk)
+};
+int prefill_key_splits(int rows, int heads, int head_dim, int max_kv_len, int part_rows);
+void launch_prefill_attention(const PagedAttention& p, cudaStream_t stream,
+                              const PrefillSplitWork* work = nullptr);
+void launch_prefill_attention_tc(const PagedAttention& p, bool split, cudaStream_t stream,
+                                 int key_splits = 1, float* part_ml = nullptr,
+                                 float* part_acc = nullptr);
 void launch_prefill_attention_scalar(const PagedAttention& p, cudaStream_t stream);
 
 // swiglu.cu: gate_up [rows, 2*inter] (gate first) -> out [rows, inter] = silu(gate) * up.
@@ -79,8 +92,11 @@ int gemv_features_per_warp(int rows);
 // gemm.cu: the same product for many rows, through cuBLASLt (loaded at first use) on bf16 tensor
 // cores, x split into two bf16 operands x = hi + lo (split: 2*rows*k bf16 of scratch) so the
 // activations keep ~16 bits of mantissa; where the library cannot be loaded, a tiled kernel.
+// single_product: x rounded to bf16 once, one product (each weight read once; ~3 significant
+// digits in the activations, as transformers' bf16 path) instead of hi + lo.
 void launch_gemm(const float* x, const bf16* w, float* out, int rows, int n, int k, bf16* split,
-                 void* workspace, size_t workspace_bytes, cudaStream_t stream);
+                 void* workspace, size_t workspace_bytes, cudaStream_t stream,
+                 bool single_product = false);
 void launch_gemm_tiled(const float* x, const bf16* w, float* out, int rows, int n, int k,
                        cudaStream_t stream);
 bool cublaslt_available();      // tries to load libcublasLt once

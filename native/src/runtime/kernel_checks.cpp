@@ -59,6 +59,13 @@ void paged_attention(const std::string& mode, uintptr_t q, uintptr_t k_cache, ui
     launch_prefill_attention_tc(p, true, 0);
   } else if (mode == "prefill_tc1") {
     launch_prefill_attention_tc(p, false, 0);
+  } else if (mode == "prefill_tc_ksplit" || mode == "prefill_tc1_ksplit") {
+    // split_len here = the number of key splits (forced; the model picks it by prefill_key_splits)
+    const int splits = split_len;
+    DeviceBuffer ml((size_t)splits * rows * heads * 2 * 4, "prefill partials");
+    DeviceBuffer acc((size_t)splits * rows * heads * head_dim * 4, "prefill partials");
+    launch_prefill_attention_tc(p, mode == "prefill_tc_ksplit", 0, splits, ml.as<float>(), acc.as<float>());
+    sync();
   } else if (mode == "prefill_scalar") {
     launch_prefill_attention_scalar(p, 0);
   } else if (mode == "decode") {
@@ -68,7 +75,7 @@ void paged_attention(const std::string& mode, uintptr_t q, uintptr_t k_cache, ui
     launch_decode_attention(p, split_len, max_splits, ml.as<float>(), acc.as<float>(), 0);
     sync();
   } else {
-    throw std::invalid_argument("paged_attention: mode must be decode, prefill, prefill_tc, prefill_tc1 or prefill_scalar");
+    throw std::invalid_argument("paged_attention: mode must be decode, prefill, prefill_tc, prefill_tc1, prefill_tc_ksplit, prefill_tc1_ksplit or prefill_scalar");
   }
   sync();
 }
@@ -81,16 +88,16 @@ void swiglu(uintptr_t gate_up, uintptr_t out, int rows, int inter) {
 void matmul(const std::string& path, uintptr_t x, uintptr_t w, uintptr_t out, int rows, int n, int k) {
   if (path == "gemv") {
     launch_gemv(P<const float>(x), P<const bf16>(w), P<float>(out), rows, n, k, 0);
-  } else if (path == "gemm") {
+  } else if (path == "gemm" || path == "gemm_bf16") {
     DeviceBuffer ws(32u << 20, "cuBLASLt workspace");
     DeviceBuffer split((size_t)rows * k * 2 * 2, "activation split");
     launch_gemm(P<const float>(x), P<const bf16>(w), P<float>(out), rows, n, k, split.as<bf16>(),
-                ws.get(), ws.bytes(), 0);
+                ws.get(), ws.bytes(), 0, path == "gemm_bf16");
     sync();
   } else if (path == "tiled") {
     launch_gemm_tiled(P<const float>(x), P<const bf16>(w), P<float>(out), rows, n, k, 0);
   } else {
-    throw std::invalid_argument("matmul: path must be gemv, gemm or tiled");
+    throw std::invalid_argument("matmul: path must be gemv, gemm, gemm_bf16 or tiled");
   }
   sync();
 }

@@ -13,6 +13,7 @@
 #include <cstring>
 #include <cstdlib>
 #include <set>
+#include <thread>
 
 namespace hearth {
 
@@ -107,11 +108,17 @@ Model::Model(const ModelConfig& config, const CacheConfig& cache) : cfg_(config)
   kv_size_ = cfg_.kv_heads * cfg_.head_dim;
   qkv_size_ = q_size_ + 2 * kv_size_;
   chunk_ = std::max(cache_.chunk_tokens, cache_.max_batch);
+  {
+    const char* g = std::getenv("HEARTH_DECODE_GEMM");
+    decode_gemm_bf16_ = !(g && std::string(g) == "split");
+  }
   HEARTH_CUDA(cudaSetDevice(0));
   plan_memory();
 }
 
 Model::~Model() {
+  if (stream_) cudaStreamSynchronize(stream_);  // queued loads have left the ring buffers
+  release_loader();
   for (auto& kv : maps_) munmap(kv.second.data, kv.second.size);
   for (cudaEvent_t e : staged_)
     if (e) cudaEventDestroy(e);
@@ -137,11 +144,13 @@ void Model::plan_memory() {
 
   // Workspace, in bytes.
   const size_t C = chunk_, B = cache_.max_batch;
+  // decode partials [B, heads, kMaxSplits]; prefill key-split partials [splits x rows, heads]
+  part_rows_ = (int)std::max<size_t>(B * kMaxSplits, 1024);
   const size_t xn_width = std::max({H, (size_t)q_size_, I});
   std::vector<size_t> parts = {
       C * H * 4, C * H * 4, C * xn_width * 4, C * qkv_size_ * 4, C * q_size_ * 4,
       C * 2 * I * 4, C * V * 4,
-      B * cfg_.heads * kMaxSplits * 2 * 4, B * cfg_.heads * kMaxSplits * hd * 4,
+      (size_t)part_rows_ * cfg_.heads * 2 * 4, (size_t)part_rows_ * cfg_.heads * hd * 4,
       B * V * 4, hd / 2 * 4, B * sizeof(SampleRow), B * 4,
       (5 * C + std::max<size_t>(B, 1) * cache_.max_sequence_blocks) * 4, lt_workspace_bytes_,
       2 * C * xn_width * 2};
@@ -259,6 +268,15 @@ void Model::load_tensor(Slot slot, int layer, const std::string& path, int64_t f
   HEARTH_REQUIRE(nbytes == numel * (int64_t)es, "tensor byte size disagrees with its shape");
   HEARTH_REQUIRE(elem_offset >= 0 && elem_offset + numel <= capacity,
                  "tensor does not fit its destination (shape differs from the config)");
+  if (load_threads_ == 0) {
+    const char* v = std::getenv("HEARTH_LOAD_THREADS");
+    const int cores = (int)std::max(1u, std::thread::hardware_concurrency());
+    load_threads_ = v && *v ? std::max(1, std::atoi(v)) : std::min(8, cores);
+  }
+  if (load_threads_ > 1) {
+    load_tensor_threaded(dest + elem_offset, path, file_offset, nbytes, dtype, numel);
+    return;
+  }
   auto it = maps_.find(path);
   if (it == maps_.end()) {
     const int fd = open(path.c_str(), O_RDONLY);
@@ -299,8 +317,62 @@ void Model::load_tensor(Slot slot, int layer, const std::string& path, int64_t f
   HEARTH_CUDA(cudaStreamSynchronize(stream_));  // the tensor has landed
 }
 
+void Model::load_tensor_threaded(bf16* dest, const std::string& path, int64_t file_offset,
+                                 int64_t nbytes, int dtype, int64_t numel) {
+  auto it = files_.find(path);
+  if (it == files_.end()) {
+    const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) throw std::runtime_error("cannot open " + path + ": " + std::strerror(errno));
+    it = files_.emplace(path, fd).first;
+  }
+  struct stat st {};
+  if (fstat(it->second, &st) != 0) throw std::runtime_error("cannot stat " + path);
+  HEARTH_REQUIRE(file_offset >= 0 && file_offset + nbytes <= (int64_t)st.st_size,
+                 "tensor data lies past the end of " + path);
+  if (!readers_) {
+    readers_ = std::make_unique<ReadPool>(load_threads_);
+    for (int i = 0; i < kRing; ++i) {
+      ring_[i] = PinnedBuffer(staging_bytes_);
+      HEARTH_CUDA(cudaEventCreateWithFlags(&ring_done_[i], cudaEventDisableTiming));
+    }
+  }
+  const size_t es = dtype_size(dtype);
+  const int64_t chunk_elems = (int64_t)(staging_bytes_ / es);
+  for (int64_t done = 0; done < numel; done += chunk_elems) {
+    const int64_t n = std::min(chunk_elems, numel - done);
+    const int slot = ring_next_;
+    ring_next_ = (ring_next_ + 1) % kRing;
+    HEARTH_CUDA(cudaEventSynchronize(ring_done_[slot]));  // its previous copy has left the buffer
+    char* host = ring_[slot].as<char>();
+    readers_->read(it->second, file_offset + done * (int64_t)es, host, (size_t)(n * es), path);
+    bf16* out = dest + done;
+    if (dtype == 0) {
+      HEARTH_CUDA(cudaMemcpyAsync(out, host, n * es, cudaMemcpyHostToDevice, stream_));
+    } else {
+      if (!ring_scratch_[slot].get()) ring_scratch_[slot] = DeviceBuffer(staging_bytes_, "load staging");
+      HEARTH_CUDA(cudaMemcpyAsync(ring_scratch_[slot].get(), host, n * es, cudaMemcpyHostToDevice, stream_));
+      launch_convert_to_bf16(ring_scratch_[slot].get(), dtype, out, n, stream_);
+    }
+    HEARTH_CUDA(cudaEventRecord(ring_done_[slot], stream_));
+  }
+}
+
+void Model::release_loader() {
+  readers_.reset();
+  for (auto& kv : files_) close(kv.second);
+  files_.clear();
+  for (int i = 0; i < kRing; ++i) {
+    if (ring_done_[i]) cudaEventDestroy(ring_done_[i]);
+    ring_done_[i] = nullptr;
+    ring_[i] = PinnedBuffer();
+    ring_scratch_[i].reset();
+  }
+  ring_next_ = 0;
+}
+
 void Model::finish_load() {
   HEARTH_CUDA(cudaStreamSynchronize(stream_));
+  release_loader();
   for (auto& kv : maps_) munmap(kv.second.data, kv.second.size);
   maps_.clear();
   for (int i = 0; i < 2; ++i) {
@@ -380,7 +452,8 @@ void Model::matmul(const float* x, const bf16* w, float* out, int rows, int n, i
   if (rows <= kGemvMaxRows && k % 8 == 0)
     launch_gemv(x, w, out, rows, n, k, stream_);
   else
-    launch_gemm(x, w, out, rows, n, k, split_, lt_workspace_, lt_workspace_bytes_, stream_);
+    launch_gemm(x, w, out, rows, n, k, split_, lt_workspace_, lt_workspace_bytes_, stream_,
+                in_decode_ && decode_gemm_bf16_);
 }
 
 void Model::prefill(int seq, const std::vector<int32_t>& tokens, float* all_logits) {
@@ -521,6 +594,11 @@ void Model::upload_meta(const Step& step, int device_stride) {
 
 void Model::forward(const Step& step, bool decode_mode, int logit_first, int logit_count) {
   upload_meta(step, step.table_stride);
+  step_max_kv_ = step.max_kv_len;
+  if (!decode_mode) {  // read per prompt chunk, so one process can compare (bench --ab)
+    const char* ks = std::getenv("HEARTH_PREFILL_KSPLIT");
+    prefill_ksplit_ = !(ks && std::string(ks) == "0");
+  }
   run_layers((int)step.ids.size(), step.table_stride, decode_mode, logit_first, logit_count);
   logits_rows_ = logit_count;
 }
@@ -534,6 +612,7 @@ void Model::run_layers(int T, int table_stride, bool decode_mode, int logit_firs
   const int32_t* d_row_table = meta_ + 4 * T;
   const int32_t* d_tables = meta_ + 5 * T;
 
+  in_decode_ = decode_mode;
   launch_embedding(d_ids, T, embed_, V, H, resid_, stream_);
   for (int l = 0; l < cfg_.layers; ++l) {
     const LayerWeights& lw = layers_[l];
@@ -554,7 +633,8 @@ void Model::run_layers(int T, int table_stride, bool decode_mode, int logit_firs
     if (decode_mode) {
       launch_decode_attention(att, 0, kMaxSplits, part_ml_, part_acc_, stream_);
     } else {
-      launch_prefill_attention(att, stream_);
+      const PrefillSplitWork work{part_ml_, part_acc_, part_rows_, step_max_kv_};
+      launch_prefill_attention(att, stream_, prefill_ksplit_ && step_max_kv_ > 0 ? &work : nullptr);
     }
     matmul(xn_, lw.wo, delta_, T, H, q_size_);
     launch_rmsnorm_residual(resid_, delta_, lw.mlp_norm, xn_, T, H, cfg_.rms_eps, stream_);

@@ -14,6 +14,7 @@
 #include "../kernels/kernels.h"
 #include "device_memory.h"
 #include "kv_pool.h"
+#include "read_pool.h"
 
 namespace hearth {
 
@@ -128,6 +129,16 @@ class Model {
   CacheConfig cache_;
   int q_size_, kv_size_, qkv_size_, chunk_;
   static constexpr int kMaxSplits = 32;
+  // Decode steps of more than kGemvMaxRows rows: one bf16 product (HEARTH_DECODE_GEMM=bf16, the
+  // default) or the hi + lo pair (=split). Read at construction; graphs capture the choice.
+  bool decode_gemm_bf16_ = true;
+  bool in_decode_ = false;
+  // Prefill attention key split (flash-decoding style) for few query tiles over long history:
+  // HEARTH_PREFILL_KSPLIT=0 turns it off (read per prefill forward). Partials share part_ml_ /
+  // part_acc_ with decode.
+  bool prefill_ksplit_ = true;
+  int part_rows_ = 0;  // (row x split) pairs the partial buffers hold
+  int step_max_kv_ = 0;  // the forward pass's largest kv_len (host side)
   cudaStream_t stream_ = nullptr;
   cudaEvent_t meta_done_ = nullptr;
 
@@ -162,6 +173,21 @@ class Model {
   DeviceBuffer scratch_[2];
   cudaEvent_t staged_[2] = {nullptr, nullptr};
   size_t staging_bytes_ = 32u << 20;
+  // Threaded loader (HEARTH_LOAD_THREADS, default min(8, cores); 1 = the mmap + memcpy path
+  // above, one sync per tensor): files opened once, chunks pread by a ReadPool into a ring of
+  // pinned buffers, H2D (and fp16/fp32 conversion) queued on stream_, each ring slot reused
+  // after its event; no synchronization before finish_load.
+  static constexpr int kRing = 4;
+  int load_threads_ = 0;  // 0: not decided yet
+  std::unique_ptr<ReadPool> readers_;
+  std::unordered_map<std::string, int> files_;
+  PinnedBuffer ring_[kRing];
+  DeviceBuffer ring_scratch_[kRing];
+  cudaEvent_t ring_done_[kRing] = {};
+  int ring_next_ = 0;
+  void load_tensor_threaded(bf16* dest, const std::string& path, int64_t file_offset,
+                            int64_t nbytes, int dtype, int64_t numel);
+  void release_loader();
 };
 
 }  // namespace hearth
