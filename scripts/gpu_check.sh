@@ -55,10 +55,11 @@ if [[ $STEP == all || $STEP == bench ]]; then
   grep -v '^{' "$OUT/bench.log" | tail -20
 fi
 
-# The earlier kernels behind their switches (HEARTH_PREFILL_ATTN=scalar, HEARTH_GEMV_FEATURES=1),
+# The earlier paths behind their switches (HEARTH_PREFILL_ATTN=scalar, HEARTH_GEMV_FEATURES=1,
+# HEARTH_PREFILL_KSPLIT=0, HEARTH_LOAD_THREADS=1),
 # a runner-level subset, so a default can be flipped back without another device run.
 if [[ ($STEP == all || $STEP == test) && -n ${HEARTH_OLD_PATHS_K:-} ]]; then
-  HEARTH_PREFILL_ATTN=scalar HEARTH_GEMV_FEATURES=1 HEARTH_PREFILL_KSPLIT=0 HEARTH_DECODE_GEMM=split HEARTH_LOAD_THREADS=1 timeout "${HEARTH_OLD_PATHS_TIMEOUT:-60}" \
+  HEARTH_PREFILL_ATTN=scalar HEARTH_GEMV_FEATURES=1 HEARTH_PREFILL_KSPLIT=0 HEARTH_LOAD_THREADS=1 timeout "${HEARTH_OLD_PATHS_TIMEOUT:-60}" \
     python3 -m pytest -m cuda tests/cuda -q -rs -k "$HEARTH_OLD_PATHS_K" >"$OUT/pytest_old.log" 2>&1
   summary+=("pytest old paths (scalar prefill, 1 feature/warp) rc=$?: $(tail -1 "$OUT/pytest_old.log")")
   grep -E "FAILED|Error" "$OUT/pytest_old.log" | head -20

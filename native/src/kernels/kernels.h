@@ -93,7 +93,8 @@ int gemv_features_per_warp(int rows);
 // cores, x split into two bf16 operands x = hi + lo (split: 2*rows*k bf16 of scratch) so the
 // activations keep ~16 bits of mantissa; where the library cannot be loaded, a tiled kernel.
 // single_product: x rounded to bf16 once, one product (each weight read once; ~3 significant
-// digits in the activations, as transformers' bf16 path) instead of hi + lo.
+// digits in the activations, as transformers' bf16 path) instead of hi + lo. Used for decode
+// buckets >= 16 only with HEARTH_DECODE_GEMM=bf16 (off by default: see model.h).
 void launch_gemm(const float* x, const bf16* w, float* out, int rows, int n, int k, bf16* split,
                  void* workspace, size_t workspace_bytes, cudaStream_t stream,
                  bool single_product = false);
