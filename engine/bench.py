@@ -1,6 +1,8 @@
 """`hearth bench`: what a desktop user feels, measured in one run on the GPU.
 
-    python -m engine.bench --model DIR [--model DIR ...] [--hf] [--torch] [--json OUT]
+    python -m engine.bench --model DIR [--model DIR ...] [--shape NAME ...] [--hf] [--torch] [--json OUT]
+
+`--shape` generates a random-weight checkpoint of a real shape (engine.tools.synth) and measures it.
 
 For each checkpoint, the cuda-native backend's:
   - batch-1 decode tok/s (decode_and_sample per token: graph replay, device sampling, one id back),
@@ -20,8 +22,10 @@ import json
 import os
 import statistics
 import sys
+import tempfile
 import time
 from datetime import date
+from pathlib import Path
 
 TTFT_PROMPTS = (128, 512, 2048)
 AGG_BATCHES = (8, 32, 64)
@@ -33,7 +37,7 @@ def measure_bandwidth() -> float:
     """Read bandwidth in bytes/s: a bf16 sum over 4 GiB, best of 5."""
     import torch
 
-    x = torch.ones(2 << 30, dtype=torch.bfloat16, device="cuda")
+    x = torch.randn(2 << 30, dtype=torch.bfloat16, device="cuda")  # never time on constant data
     x.sum(dtype=torch.float32)
     torch.cuda.synchronize()
     best = float("inf")
@@ -330,7 +334,11 @@ def print_table(result: dict) -> None:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", action="append", required=True)
+    parser.add_argument("--model", action="append", default=[], help="a checkpoint folder (repeatable)")
+    parser.add_argument("--shape", action="append", default=[],
+                        help="a synthetic shape to generate and measure, e.g. llama3.1-8b (repeatable)")
+    parser.add_argument("--synth-dir", default=os.path.join(tempfile.gettempdir(), "hearth-synth"),
+                        help="where --shape checkpoints are written (reused when present)")
     parser.add_argument("--tokens", type=int, default=128, help="batch-1 decode steps timed")
     parser.add_argument("--max-batch", type=int, default=64)
     parser.add_argument("--hf", action="store_true", help="also transformers (bf16, eager)")
@@ -342,8 +350,24 @@ def main(argv=None) -> int:
                              "second turn without the prefill key split (HEARTH_PREFILL_KSPLIT=0)")
     parser.add_argument("--json")
     args = parser.parse_args(argv)
+    if not args.model and not args.shape:
+        parser.error("name at least one --model DIR or --shape NAME")
+    from engine.backends import cuda_native
+
+    ok, reason = cuda_native.available()
+    if not ok:
+        print(f"hearth bench measures the cuda-native engine on an NVIDIA GPU, and cannot run here: {reason}.",
+              file=sys.stderr)
+        return 1
     import torch
 
+    from engine.tools.synth import write_checkpoint
+
+    for shape in args.shape:
+        folder = Path(args.synth_dir) / shape
+        if not (folder / "config.json").exists():
+            write_checkpoint(shape, folder)
+        args.model.append(str(folder))
     bandwidth = measure_bandwidth()
     result = {"gpu": torch.cuda.get_device_name(0), "date": date.today().isoformat(),
               "bandwidth_tb_s": bandwidth / 1e12, "rows": []}

@@ -86,3 +86,13 @@ def test_models_default_prints_the_installed_path(default_model, hearth_home):
     env = dict(os.environ, HEARTH_HOME=str(hearth_home))
     out = hearth("models", "default", env=env).stdout.strip()
     assert out == str(default_model.path)
+
+
+def test_bench_without_a_gpu_says_why():
+    from engine import _native
+
+    if _native.build_info()["device_count"] > 0:
+        pytest.skip("a GPU is present")
+    proc = hearth("bench", "--shape", "tiny", check=False)
+    assert proc.returncode == 1
+    assert "cannot run here" in proc.stderr and "Traceback" not in proc.stderr
