@@ -58,6 +58,7 @@ class MainWindow(QMainWindow):
         self._user_inspects: set[str] = set()
         self._counted: set[str] = set()
         self._library_seen = False
+        self._loading_after_install = False   # the first start installs the default model, then loads it
         self.setWindowTitle("Hearth")
         self.setWindowIcon(app_icon())
         self.setMinimumSize(QSize(980, 620))
@@ -287,14 +288,18 @@ class MainWindow(QMainWindow):
             if last in ids:
                 self.load_model(last)
             elif not ids:
-                self.client.install_default(True)
+                self._install_default_and_load()
         elif wanted in ids:
             self.load_model(wanted)
         elif wanted in (DEFAULT_MODEL_ID, "default"):
-            self.client.install_default(True)
+            self._install_default_and_load()
         else:
             self.banner.show_error("unknown-model", f"No model with id “{wanted}” is in your library. "
                                    f"Known: {', '.join(sorted(ids)) or 'none'}.")
+
+    def _install_default_and_load(self) -> None:
+        self._loading_after_install = True
+        self.client.install_default(True)
 
     def _inspected(self, key: str, info) -> None:
         count = getattr(info.metadata, "parameter_count", None)
@@ -316,6 +321,11 @@ class MainWindow(QMainWindow):
 
     def _imported(self, manifest) -> None:
         self.manager.select(manifest.id)
+        if self._loading_after_install:
+            self._loading_after_install = False
+            self.banner.show_info("Default model installed", f"{manifest.name} is in your library and loads "
+                                  "now; you can chat as soon as the status bar says it is loaded.")
+            return
         self.banner.show_info("Model added", f"{manifest.name} is in your library. Select it to see whether it "
                               "fits in memory, then Load.")
 
