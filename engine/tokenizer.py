@@ -6,6 +6,7 @@ out whole, once its last byte arrives.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Sequence
@@ -89,23 +90,86 @@ def load_tokenizer_json(path: Path):
     """A `tokenizers.Tokenizer` from tokenizer.json, built in steps that each hold the GIL briefly.
 
     `Tokenizer.from_file` parses and builds a large BPE vocabulary in one native call that holds the
-    GIL for 60-90 ms, long enough to freeze a Qt window whose engine runs in a worker thread. Here the
-    JSON is parsed, the pipeline (normalizer, pre-tokenizer, decoder, added tokens) is built with an
-    empty model, and the BPE model is built last: no single step holds the GIL for much over 30 ms.
-    Other model types load in one call.
+    GIL for 60-90 ms, and so does one `json.loads` of a 3 MB file for 30-50 ms: long enough to freeze
+    a Qt window whose engine runs in a worker thread. Here the vocabulary and merges are parsed in
+    blocks of a few thousand entries, the pipeline (normalizer, pre-tokenizer, decoder, added tokens)
+    is built around an empty model, and the BPE model is built last (~30 ms, the one step left that
+    cannot be split). Other model types, and files laid out unexpectedly, load in one call.
     """
+    import gc
+
     from tokenizers import Tokenizer as HFTokenizer, models
 
-    data = json.loads(path.read_text(encoding="utf-8"))
-    model = data.get("model") or {}
-    if model.get("type") != "BPE" or not isinstance(model.get("vocab"), dict):
-        return HFTokenizer.from_str(json.dumps(data))
-    skeleton = HFTokenizer.from_str(json.dumps(dict(data, model=dict(model, vocab={}, merges=[]))))
-    merges = [tuple(m.split(" ", 1)) if isinstance(m, str) else tuple(m) for m in model.get("merges", [])]
-    options = {k: model[k] for k in _BPE_STRINGS if model.get(k) is not None}
-    options.update({k: bool(model[k]) for k in _BPE_FLAGS if k in model})
-    skeleton.model = models.BPE(vocab=model["vocab"], merges=merges, **options)
-    return skeleton
+    text = path.read_bytes().decode("utf-8")
+    # The vocabulary and merges are ~100k short-lived, acyclic objects: reference counting frees them.
+    # Without this, creating them triggers a full cyclic collection of the whole heap (50-100 ms with
+    # torch imported), which holds the GIL just like a long native call would.
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        parts = _split_bpe_json(text)
+        if parts is None:
+            return HFTokenizer.from_str(text)
+        data, vocab, merges = parts
+        model = data["model"]
+        skeleton = HFTokenizer.from_str(json.dumps(data))
+        merges = [tuple(m.split(" ", 1)) if isinstance(m, str) else tuple(m) for m in merges]
+        options = {k: model[k] for k in _BPE_STRINGS if model.get(k) is not None}
+        options.update({k: bool(model[k]) for k in _BPE_FLAGS if k in model})
+        skeleton.model = models.BPE(vocab=vocab, merges=merges, **options)
+        return skeleton
+    finally:
+        if enabled:
+            gc.enable()
+
+
+_STRING = r'"(?:[^"\\]|\\.)*"'
+_VOCAB_OPEN = re.compile(r'"model"\s*:\s*\{.*?"vocab"\s*:\s*\{', re.S)
+_VOCAB_BLOCK = re.compile(r'(?:\s*' + _STRING + r'\s*:\s*-?\d+\s*,){1,4000}')
+_VOCAB_LAST = re.compile(r'\s*(?:' + _STRING + r'\s*:\s*-?\d+\s*)?\}')
+_MERGES_OPEN = re.compile(r'\s*,\s*"merges"\s*:\s*\[')
+_MERGE = r'(?:' + _STRING + r'|\[\s*' + _STRING + r'\s*,\s*' + _STRING + r'\s*\])'
+_MERGES_BLOCK = re.compile(r'(?:\s*' + _MERGE + r'\s*,){1,4000}')
+_MERGES_LAST = re.compile(r'\s*(?:' + _MERGE + r'\s*)?\]')
+
+
+def _split_bpe_json(text: str):
+    """(settings without vocab and merges, vocab dict, merges list) parsed block by block, or None
+    when the file is not a BPE tokenizer laid out as `tokenizers` writes it (then parse it whole)."""
+    opened = _VOCAB_OPEN.search(text)
+    if opened is None:
+        return None
+    vocab: dict = {}
+    pos = opened.end()
+    while (block := _VOCAB_BLOCK.match(text, pos)) is not None:
+        vocab.update(json.loads("{" + block.group(0).rstrip().rstrip(",") + "}"))
+        pos = block.end()
+    last = _VOCAB_LAST.match(text, pos)
+    if last is None:
+        return None
+    vocab.update(json.loads("{" + last.group(0)))
+    vocab_end = last.end()
+    opened_merges = _MERGES_OPEN.match(text, vocab_end)
+    if opened_merges is None:
+        return None
+    merges: list = []
+    pos = opened_merges.end()
+    while (block := _MERGES_BLOCK.match(text, pos)) is not None:
+        merges.extend(json.loads("[" + block.group(0).rstrip().rstrip(",") + "]"))
+        pos = block.end()
+    last = _MERGES_LAST.match(text, pos)
+    if last is None:
+        return None
+    merges.extend(json.loads("[" + last.group(0)))
+    rest = text[:opened.end()] + "}" + text[vocab_end:opened_merges.end()] + "]" + text[last.end():]
+    try:
+        data = json.loads(rest)
+    except ValueError:
+        return None
+    model = data.get("model")
+    if not isinstance(model, dict) or model.get("type") != "BPE" or model.get("vocab") != {} or model.get("merges") != []:
+        return None
+    return data, vocab, merges
 
 
 def _read_json(path: Path) -> dict:
