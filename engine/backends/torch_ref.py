@@ -112,8 +112,9 @@ class TorchRunner(ModelRunner):
         self.weight_bytes = 0
         with TensorReader(info) as reader:
             def take(t):
-                raw = reader.raw(t)
-                value = torch.frombuffer(bytearray(raw), dtype=_TORCH_DTYPES[t.dtype]).reshape(t.shape)
+                staging = torch.empty(t.bytes, dtype=torch.uint8)
+                reader.read_into(t, memoryview(staging.numpy()))
+                value = staging.view(_TORCH_DTYPES[t.dtype]).reshape(t.shape)
                 value = value.to(device=self.device, dtype=self.dtype)
                 self.weight_bytes += value.numel() * value.element_size()
                 counter.advance(t.bytes, t.name)
