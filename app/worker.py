@@ -96,6 +96,7 @@ class EngineWorker(QObject):
         self._stop_requested: set[str] = set()          # chat ids, written from the GUI thread
         self._pending: collections.deque = collections.deque()
         self._sessions: dict[str, tuple] = {}           # chat id -> (sid, model id, system prompt)
+        self._contexts: dict[str, int] = {}             # model id -> context length chosen by the user
         self._flush_timer = QTimer(self)                # moves with the worker to its thread
         self._flush_timer.setSingleShot(True)
         self._flush_timer.timeout.connect(self._flush_active)
@@ -183,10 +184,19 @@ class EngineWorker(QObject):
     def inspect(self, key: str) -> None:
         self._run("inspect", key, lambda: self.inspected.emit(key, self.engine.inspect(key)))
 
+    @Slot(str, int)
+    def set_context(self, model_id: str, tokens: int) -> None:
+        """The context length the next plan and load of this model use (0 = the engine's default)."""
+        if tokens > 0:
+            self._contexts[model_id] = tokens
+        else:
+            self._contexts.pop(model_id, None)
+        self.plan_memory(model_id)
+
     @Slot(str)
     def plan_memory(self, key: str) -> None:
         def go():
-            plan = self.engine.memory_plan(key)
+            plan = self.engine.memory_plan(key, context_length=self._contexts.get(key))
             free, total, device = self.engine.free_memory()
             try:
                 fit = plan.fits(free, device)
@@ -197,6 +207,8 @@ class EngineWorker(QObject):
                 "kv_bytes": plan.kv_bytes, "workspace_bytes": plan.workspace_bytes,
                 "total_bytes": plan.total_bytes, "context_length": getattr(plan, "context_length", None),
                 "free_bytes": free, "device_total_bytes": total, "device": device,
+                "max_context": self.engine.inspect(key).decoder.max_position_embeddings,
+                "suggested_context": 0 if fit.ok else plan.max_context_for(free),
                 "ok": bool(fit.ok), "message": fit.message})
         self._run("plan", key, go)
 
@@ -247,7 +259,7 @@ class EngineWorker(QObject):
     def _load(self, model_id: str) -> None:
         self._load_cancel.clear()
         handle = self.engine.load_model(model_id, progress=self._progress_callback(),
-                                        cancel=self._load_cancel)
+                                        cancel=self._load_cancel, context_length=self._contexts.get(model_id))
         self.loaded.emit(handle)
 
     @Slot(str)
@@ -459,6 +471,7 @@ class EngineClient(QObject):
     _refresh = Signal()
     _inspect = Signal(str)
     _plan = Signal(str)
+    _set_context = Signal(str, int)
     _import = Signal(str)
     _install_default = Signal(bool)
     _remove = Signal(str)
@@ -483,6 +496,7 @@ class EngineClient(QObject):
         for request, slot in ((self._start_engine, self.worker.start_engine),
                               (self._refresh, self.worker.refresh_library),
                               (self._inspect, self.worker.inspect), (self._plan, self.worker.plan_memory),
+                              (self._set_context, self.worker.set_context),
                               (self._import, self.worker.import_path),
                               (self._install_default, self.worker.install_default),
                               (self._remove, self.worker.remove), (self._load, self.worker.load),
@@ -509,6 +523,7 @@ class EngineClient(QObject):
     def refresh_library(self): self._refresh.emit()
     def inspect(self, key: str): self._inspect.emit(key)
     def plan_memory(self, key: str): self._plan.emit(key)
+    def set_context(self, model_id: str, tokens: int): self._set_context.emit(model_id, tokens)
     def import_path(self, path: str): self._import.emit(path)
     def install_default(self, then_load: bool = True): self._install_default.emit(then_load)
     def remove(self, model_id: str): self._remove.emit(model_id)

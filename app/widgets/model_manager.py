@@ -4,7 +4,8 @@ from __future__ import annotations
 from PySide6.QtCore import QAbstractTableModel, QModelIndex, Qt, Signal
 from PySide6.QtGui import QColor
 from PySide6.QtWidgets import (QAbstractItemView, QFileDialog, QFrame, QGridLayout, QHBoxLayout, QHeaderView,
-                               QLabel, QMessageBox, QProgressBar, QPushButton, QTableView, QVBoxLayout, QWidget)
+                               QLabel, QMessageBox, QProgressBar, QPushButton, QSpinBox, QTableView, QVBoxLayout,
+                               QWidget)
 
 from .. import theme
 from ..models.library import LibraryState, human_bytes, human_count
@@ -67,6 +68,7 @@ class ModelManager(QWidget):
     unload_requested = Signal(str)
     inspect_requested = Signal(str)
     selection_changed = Signal(str)
+    context_changed = Signal(str, int)       # model id, context length in tokens
 
     def __init__(self, state: LibraryState, parent=None):
         super().__init__(parent)
@@ -184,6 +186,28 @@ class ModelManager(QWidget):
         self.fit_label.setWordWrap(True)
         self.fit_label.setAccessibleName("Memory check")
         card.addWidget(self.fit_label)
+        # The context length decides the KV cache: the one setting that turns "does not fit" into "fits".
+        context_row = QHBoxLayout()
+        context_caption = QLabel("Context length")
+        context_caption.setObjectName("caption")
+        self.context_box = QSpinBox()
+        self.context_box.setRange(256, 256)
+        self.context_box.setSingleStep(1024)
+        self.context_box.setSuffix(" tokens")
+        self.context_box.setGroupSeparatorShown(True)
+        self.context_box.setKeyboardTracking(False)      # one re-plan per committed value, not per keystroke
+        self.context_box.setAccessibleName("Context length used for the memory plan and the load")
+        self.context_box.valueChanged.connect(self._context_edited)
+        self.suggest_button = QPushButton("")
+        self.suggest_button.setAccessibleName("Use the longest context that fits")
+        self.suggest_button.clicked.connect(self._use_suggestion)
+        self.suggest_button.hide()
+        context_row.addWidget(context_caption)
+        context_row.addWidget(self.context_box)
+        context_row.addWidget(self.suggest_button)
+        context_row.addStretch(1)
+        card.addLayout(context_row)
+        self._showing_plan = False
         layout.addWidget(self.card, 0)
 
         self.busy = False
@@ -220,14 +244,34 @@ class ModelManager(QWidget):
             free = max(1, int(plan.get("free_bytes") or 1))
             self.fit_bar.setValue(min(1000, int(1000 * (plan.get("total_bytes") or 0) / free)))
             ok = plan.get("ok")
+            self._showing_plan = True                 # programmatic value changes are not user edits
+            longest = min(2**31 - 1, int(plan.get("max_context") or ctx or 256))   # a spin box holds an int32
+            self.context_box.setRange(256, max(256, longest))
+            if ctx:
+                self.context_box.setValue(int(ctx))
+            self._showing_plan = False
+            suggestion = int(plan.get("suggested_context") or 0)
+            self.suggest_button.setVisible(not ok and suggestion >= 256)
+            self.suggest_button.setText(f"Use {suggestion:,} tokens")
             self.fit_label.setObjectName("fitOk" if ok else "fitBad")
             self.fit_label.setText(("✓ " if ok else "✕ ") + (plan.get("message") or ("Fits" if ok else "Does not fit")))
         else:
+            self.suggest_button.hide()
             self.fit_bar.setValue(0)
             self.fit_label.setObjectName("muted")
             self.fit_label.setText("Checking memory…" if self.selected_id() else "")
         self.fit_label.style().unpolish(self.fit_label)
         self.fit_label.style().polish(self.fit_label)
+
+    def _context_edited(self, tokens: int) -> None:
+        model_id = self.selected_id()
+        if model_id and not self._showing_plan:
+            self.context_changed.emit(model_id, int(tokens))
+
+    def _use_suggestion(self) -> None:
+        plan = self.plans.get(self.selected_id()) or {}
+        if plan.get("suggested_context"):
+            self.context_box.setValue(int(plan["suggested_context"]))
 
     def _selection(self, *_):
         model_id = self.selected_id()
@@ -247,6 +291,7 @@ class ModelManager(QWidget):
         self.remove_button.setEnabled(row is not None and not self.busy)
         self.load_button.setEnabled(row is not None and not row.loaded and not self.busy)
         self.unload_button.setEnabled(row is not None and row.loaded and not self.busy)
+        self.context_box.setEnabled(row is not None and not row.loaded and not self.busy)
         if row is None:
             self.detail_title.setText("Select a model to see whether it fits")
             self.path_label.setText("")

@@ -59,6 +59,7 @@ class MainWindow(QMainWindow):
         self._counted: set[str] = set()
         self._library_seen = False
         self._loading_after_install = False   # the first start installs the default model, then loads it
+        self._contexts_sent: set[str] = set()   # models whose saved context length the worker knows
         self.setWindowTitle("Hearth")
         self.setWindowIcon(app_icon())
         self.setMinimumSize(QSize(980, 620))
@@ -210,6 +211,7 @@ class MainWindow(QMainWindow):
         m.unload_requested.connect(self.client.unload)
         m.inspect_requested.connect(self.inspect)
         m.selection_changed.connect(self._plan_if_needed)
+        m.context_changed.connect(self._context_changed)
         self.inspector.inspect_path_requested.connect(self.inspect)
 
         s = self.sessions
@@ -270,6 +272,11 @@ class MainWindow(QMainWindow):
             if row.parameter_count is None and row.id not in self._counted:
                 self._counted.add(row.id)
                 self.client.inspect(row.id)      # headers only: fills the Parameters column
+            if row.id not in self._contexts_sent:
+                self._contexts_sent.add(row.id)
+                saved = int(self.settings.value(f"context/{row.id}", 0) or 0)
+                if saved:
+                    self.client.set_context(row.id, saved)   # before any load of it is asked for
         self._refresh_model_combo()
         if not self._library_seen:
             self._library_seen = True
@@ -314,6 +321,12 @@ class MainWindow(QMainWindow):
     def _planned(self, key: str, plan: dict) -> None:
         self.manager.show_plan(key, plan)
         self.memory_label.setText(f"Free {plan.get('device', '')}: {human_bytes(plan.get('free_bytes'))}")
+
+    def _context_changed(self, model_id: str, tokens: int) -> None:
+        """Remember the user's context length for this model; the worker re-plans and loads with it."""
+        self.settings.setValue(f"context/{model_id}", int(tokens))
+        self.manager.plans.pop(model_id, None)
+        self.client.set_context(model_id, int(tokens))
 
     def _plan_if_needed(self, model_id: str) -> None:
         if model_id not in self.manager.plans:

@@ -87,7 +87,7 @@ class FakeEngine:
         self._cancel = {}
         self.backend_name = "fake"
 
-    def load_model(self, model_id, progress=None, cancel=None):
+    def load_model(self, model_id, progress=None, cancel=None, context_length=None):
         total = 1000 * self.load_steps
         progress(ProgressEvent("inspecting", 0, 0, ""))
         for i in range(self.load_steps + 1):

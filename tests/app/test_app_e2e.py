@@ -241,3 +241,41 @@ def test_bad_inputs_show_their_message_and_the_app_keeps_working(qtbot, make_app
     with qtbot.waitSignal(client.loaded, timeout=SLOW):
         win.load_model("smollm2-135m-instruct")
     assert win.library.row("smollm2-135m-instruct").loaded
+
+
+def test_context_length_choice_reaches_the_plan_and_the_load(qtbot, make_app, tmp_path_factory, synth):
+    """The memory plan offers the longest context that fits; the choice is what the model loads with."""
+    home = tmp_path_factory.mktemp("hearth-app-context")
+    win, client, store = make_app(home)
+    started(qtbot, client)
+    huge = synth("tiny", tokenizer=True, max_position_embeddings=2**30)   # a 256 GiB KV cache at full length
+    with qtbot.waitSignal(client.imported, timeout=SLOW) as imported:
+        win.manager.import_requested.emit(str(huge))
+    model_id = imported.args[0].id
+    qtbot.waitUntil(lambda: win.library.row(model_id) is not None, timeout=10_000)
+    win.manager.select(model_id)
+    qtbot.waitUntil(lambda: model_id in win.manager.plans, timeout=60_000)   # the first plan: default context
+    box = win.manager.context_box
+    assert box.maximum() == 2**30 and box.value() == win.manager.plans[model_id]["context_length"]
+
+    # the full context cannot fit: the plan says so and offers the longest context that does
+    with qtbot.waitSignal(client.memory_planned, timeout=60_000,
+                          check_params_cb=lambda key, plan: key == model_id and plan["context_length"] == 2**30):
+        box.setValue(box.maximum())
+    plan = win.manager.plans[model_id]
+    assert not plan["ok"] and plan["suggested_context"] >= 256
+    assert not win.manager.suggest_button.isHidden() and win.manager.fit_label.text().startswith("✕")
+
+    # one click takes the suggestion; a smaller choice then loads with exactly that context
+    with qtbot.waitSignal(client.memory_planned, timeout=60_000, check_params_cb=lambda key, plan: plan["ok"]):
+        win.manager.suggest_button.click()
+    assert win.manager.suggest_button.isHidden()
+    with qtbot.waitSignal(client.memory_planned, timeout=60_000,
+                          check_params_cb=lambda key, plan: plan["context_length"] == 512):
+        box.setValue(512)
+    assert "512 tokens" in win.manager.figures["kv_bytes"][0].text()
+    with qtbot.waitSignal(client.loaded, timeout=SLOW):
+        win.manager.load_button.click()
+    assert client.worker.engine.context_limit(model_id) == 512
+    assert int(win.settings.value(f"context/{model_id}")) == 512      # remembered for the next start
+    close(win, client, store)
