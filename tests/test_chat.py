@@ -220,3 +220,35 @@ def test_load_that_cannot_fit_is_refused_with_advice(synth, tmp_path):
     assert caught.value.needed_bytes > caught.value.free_bytes > 0
     assert eng.loaded_models() == []
     assert eng.load_model(folder, context_length=512).id        # a context that fits loads fine
+
+
+def test_block_parsed_tokenizer_handles_escapes_and_odd_layouts(tmp_path):
+    """Keys with quotes, braces, commas and backslashes; and a file laid out differently (whole parse)."""
+    import json as _json
+    from tokenizers import Tokenizer as HFTokenizer, models, pre_tokenizers
+    from engine.tokenizer import _split_bpe_json, load_tokenizer_json
+
+    vocab = {ch: i for i, ch in enumerate(["a", "b", '"', "}", ",", "\\", "1", ":"])}
+    merges = [("a", "b"), ('"', "}"), (",", '"'), ("\\", "1")]
+    for left, right in merges:
+        vocab[left + right] = len(vocab)
+    for i in range(9000):                       # enough entries for several parse blocks
+        vocab[f"w{i}"] = len(vocab)
+    tok = HFTokenizer(models.BPE(vocab=vocab, merges=merges))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    path = tmp_path / "tokenizer.json"
+    tok.save(str(path))
+    text = path.read_text()
+    data, parsed_vocab, parsed_merges = _split_bpe_json(text)
+    assert parsed_vocab == vocab and [tuple(m.split(" ", 1)) if isinstance(m, str) else tuple(m)
+                                      for m in parsed_merges] == merges
+    ours = load_tokenizer_json(path)
+    for sample in ['ab "} ,"', "\\1 a b", "w42 w8999"]:
+        assert ours.encode(sample).ids == tok.encode(sample).ids
+
+    reordered = _json.loads(text)
+    model = reordered["model"]
+    reordered["model"] = {"merges": model["merges"], **{k: v for k, v in model.items() if k != "merges"}}
+    path.write_text(_json.dumps(reordered))
+    assert _split_bpe_json(path.read_text()) is None           # not the usual layout: parsed whole
+    assert load_tokenizer_json(path).encode("ab w7").ids == tok.encode("ab w7").ids
