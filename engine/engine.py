@@ -427,9 +427,15 @@ class Engine:
 
     # ----------------------------------------------------------------------------- generation
     def chat(self, session_id: str, user_text: str, params: SamplingParams = SamplingParams()) -> Iterator[ChatEvent]:
+        """Append the user's message and stream the reply. A message refused before the reply starts
+        (too long for the context, a template error) is not kept in the history."""
         session = self._session(session_id)
         session.messages.append({"role": "user", "content": user_text})
-        return self.respond(session_id, params)
+        try:
+            return self.respond(session_id, params)
+        except HearthError:
+            session.messages.pop()
+            raise
 
     def respond(self, session_id: str, params: SamplingParams = SamplingParams()) -> Iterator[ChatEvent]:
         """Stream a reply to the session's current history; the reply is appended when it ends."""
@@ -437,6 +443,7 @@ class Engine:
         if not session.messages or session.messages[-1]["role"] != "user":
             raise ChatTemplateError("The conversation must end with a user message before a reply.")
         tokens = self.conversation_tokens(session.model_id, session.messages)
+        self._check_context(session.model_id, tokens)
         session.cancel.clear()
         return self._stream(session, tokens, params, record=True)
 
@@ -444,11 +451,8 @@ class Engine:
                  chat: bool = False) -> Iterator[ChatEvent]:
         """Raw text continuation (or, with chat=True, one user turn) in a throwaway session."""
         tokenizer = self.tokenizer(model_id)
-        sid = self.create_session(model_id)
-        session = self._session(sid)
         if chat:
-            session.messages.append({"role": "user", "content": prompt})
-            tokens = self.conversation_tokens(model_id, session.messages)
+            tokens = self.conversation_tokens(model_id, [{"role": "user", "content": prompt}])
         else:
             tokens = tokenizer.encode(prompt)
             bos = tokenizer.inner.token_to_id(tokenizer.bos_token) if tokenizer.bos_token else None
@@ -456,6 +460,9 @@ class Engine:
                 tokens = [bos] + tokens
         if not tokens:
             raise ChatTemplateError("The prompt is empty.")
+        self._check_context(model_id, tokens)
+        sid = self.create_session(model_id)
+        session = self._session(sid)
 
         def run():
             try:
@@ -465,12 +472,15 @@ class Engine:
 
         return run()
 
-    def _stream(self, session: _Session, tokens: list, params: SamplingParams, record: bool) -> Iterator[ChatEvent]:
-        loaded = self._model(session.model_id)
-        limit = loaded.context_length
+    def _check_context(self, model_id: str, tokens: list) -> None:
+        limit = self._model(model_id).context_length
         if len(tokens) >= limit:
             raise ContextOverflow(f"The conversation is {len(tokens):,} tokens, and this model was loaded with a "
                                   f"context of {limit:,}. Start a new chat or load it with a longer context.")
+
+    def _stream(self, session: _Session, tokens: list, params: SamplingParams, record: bool) -> Iterator[ChatEvent]:
+        loaded = self._model(session.model_id)
+        limit = loaded.context_length
         tokenizer = loaded.tokenizer
         started = time.perf_counter()
         with loaded.lock:

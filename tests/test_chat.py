@@ -140,7 +140,11 @@ def test_context_limits(tiny_engine):
     eng, mid = tiny_engine
     sid = eng.create_session(mid)
     with pytest.raises(errors.ContextOverflow, match="context of 96"):
-        list(eng.chat(sid, "x" * 200, SamplingParams(max_tokens=4)))
+        eng.chat(sid, "x" * 200, SamplingParams(max_tokens=4))
+    assert eng.history(sid) == []                  # the refused message is not left behind
+    with pytest.raises(errors.ContextOverflow):
+        eng.generate(mid, "x" * 200)
+    assert eng.sessions(mid) == [sid]              # nor a throwaway session
     sid = eng.create_session(mid)
     _, fin = _run(eng.chat(sid, "a" * 60, SamplingParams(temperature=0, max_tokens=200)))
     assert fin.stats.stop_reason in ("context-full", "eos")
