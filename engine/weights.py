@@ -1,11 +1,10 @@
-"""Reading tensor bytes out of checkpoint files by memory map, and checking shapes against config.
+"""Reading tensor bytes out of checkpoint files, and checking shapes against config.
 
-Both backends load through here: `TensorReader.raw(tensor)` is a zero-copy view of the bytes on disk;
-the torch backend wraps it in a tensor, the CUDA backend copies it through pinned staging buffers.
+The torch backend loads through `TensorReader.read_into`; the CUDA backend reads the same offsets
+natively, through pinned staging buffers (native/src/runtime/read_pool.cpp).
 """
 from __future__ import annotations
 
-import mmap
 import os
 from pathlib import Path
 
@@ -15,15 +14,12 @@ from .errors import CorruptCheckpoint
 
 
 class TensorReader:
-    """A checkpoint's files, opened once and closed together: zero-copy memory maps (`raw`) and
-    plain reads into a caller's buffer (`read_into`)."""
+    """A checkpoint's files, opened once and closed together."""
 
     _CHUNK = 16 * 1024 * 1024
 
     def __init__(self, info: CheckpointInfo):
         self.folder = Path(info.path)
-        self._maps: dict[str, mmap.mmap] = {}
-        self._files = []
         self._fds: dict[str, int] = {}
 
     def read_into(self, tensor: TensorInfo, out: memoryview) -> None:
@@ -45,29 +41,9 @@ class TensorReader:
                 raise CorruptCheckpoint(f"{tensor.file} is truncated: tensor {tensor.name} runs past the end of the file.")
             done += n
 
-    def raw(self, tensor: TensorInfo) -> memoryview:
-        mm = self._maps.get(tensor.file)
-        if mm is None:
-            f = open(self.folder / tensor.file, "rb")
-            self._files.append(f)
-            mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-            self._maps[tensor.file] = mm
-        if tensor.offset + tensor.bytes > len(mm):
-            raise CorruptCheckpoint(f"{tensor.file} is truncated: tensor {tensor.name} runs past the end of the file.")
-        return memoryview(mm)[tensor.offset:tensor.offset + tensor.bytes]
-
     def close(self) -> None:
-        for mm in self._maps.values():
-            try:
-                mm.close()
-            except BufferError:  # a view is still alive; the map closes when it goes
-                pass
-        for f in self._files:
-            f.close()
         for fd in self._fds.values():
             os.close(fd)
-        self._maps.clear()
-        self._files.clear()
         self._fds.clear()
 
     def __enter__(self):
