@@ -207,7 +207,7 @@ class EngineWorker(QObject):
                 "kv_bytes": plan.kv_bytes, "workspace_bytes": plan.workspace_bytes,
                 "total_bytes": plan.total_bytes, "context_length": getattr(plan, "context_length", None),
                 "free_bytes": free, "device_total_bytes": total, "device": device,
-                "max_context": self.engine.inspect(key).decoder.max_position_embeddings,
+                "max_context": plan.max_context,
                 "suggested_context": 0 if fit.ok else plan.max_context_for(free),
                 "ok": bool(fit.ok), "message": fit.message})
         self._run("plan", key, go)

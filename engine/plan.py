@@ -33,8 +33,7 @@ class ExecutionPlan:
 
     @classmethod
     def discover(cls, decoder: DecoderConfig, catalog: TensorCatalog, quantization: str = "bf16") -> "ExecutionPlan":
-        linear = sorted({n.split(".")[3] for n in catalog.unexpected if ".linear_attn." in n})
-        if linear or any(".linear_attn." in n for n in catalog.unexpected):
+        if any(".linear_attn." in n for n in catalog.unexpected):
             raise UnsupportedArchitecture(
                 "This checkpoint uses gated-delta linear attention (linear_attn.* tensors), "
                 "which Hearth does not implement yet.")
@@ -79,6 +78,7 @@ class MemoryPlan:
     context_length: int
     kv_block_size: int
     workspace_bytes: int         # activations, logits, sampling scratch
+    max_context: int = 0         # the longest context the model supports
 
     @classmethod
     def for_model(cls, decoder: DecoderConfig, weight_bytes: int, context_length: int | None = None,
@@ -86,7 +86,8 @@ class MemoryPlan:
         context = int(context_length or decoder.max_position_embeddings)
         workspace = max_batch * 4 * (decoder.vocab_size + 8 * decoder.intermediate_size + 8 * decoder.hidden_size)
         workspace += 64 * 1024 * 1024  # library handles and graph pools
-        return cls(weight_bytes, decoder.kv_bytes_per_token(2), context, kv_block_size, workspace)
+        return cls(weight_bytes, decoder.kv_bytes_per_token(2), context, kv_block_size, workspace,
+                   decoder.max_position_embeddings)
 
     @property
     def kv_blocks(self) -> int:
