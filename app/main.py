@@ -15,7 +15,7 @@ import sys
 from typing import Optional, Sequence
 
 from . import qtcompat  # noqa: F401  (PySide6 6.12 + Python 3.11 refcount bug)
-from PySide6.QtCore import QSettings, Qt
+from PySide6.QtCore import QSettings
 from PySide6.QtWidgets import QApplication
 
 

@@ -7,14 +7,16 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import struct
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 from .errors import (CheckpointNotFound, CorruptCheckpoint, MissingConfig, NotACheckpoint,
                      UnsupportedTensorType)
+
+if TYPE_CHECKING:
+    from .catalog import TensorCatalog
 
 # safetensors dtype name -> bytes per element
 SAFETENSORS_DTYPES = {

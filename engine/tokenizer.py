@@ -31,8 +31,6 @@ class Tokenizer:
 
     @classmethod
     def from_folder(cls, folder: Path, config: dict | None = None) -> "Tokenizer":
-        from tokenizers import Tokenizer as HFTokenizer
-
         folder = Path(folder)
         path = folder / "tokenizer.json"
         if not path.exists():

@@ -11,7 +11,6 @@ from PySide6.QtGui import QIcon, QKeySequence, QShortcut
 from PySide6.QtWidgets import (QButtonGroup, QComboBox, QFrame, QHBoxLayout, QLabel, QMainWindow, QPushButton,
                                QSizePolicy, QStackedWidget, QToolButton, QVBoxLayout, QWidget)
 
-from .. import theme
 from ..models.chat import ChatState
 from ..models.library import LibraryState, human_bytes
 from ..store import ChatStore

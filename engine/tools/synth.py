@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import struct
 import sys
 from pathlib import Path
@@ -135,7 +134,7 @@ def write_checkpoint(shape: str, out: Path, seed: int = 0, dtype: str = "bf16", 
         current.append((name, shp))
         size += nbytes
     shards.append(current)
-    names = [f"model.safetensors"] if len(shards) == 1 else [
+    names = ["model.safetensors"] if len(shards) == 1 else [
         f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))]
     weight_map, index = {}, 0
     for file_name, shard in zip(names, shards):
