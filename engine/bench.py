@@ -180,25 +180,43 @@ def bench_prefill_variant(runner, vocab: int, env: str, value: str) -> dict:
                                "second_turn_ttft_ms": 1e3 * second, "second_turn_ratio": second / alone}}
 
 
-def bench_load_serial(info, max_batch: int) -> float:
-    """Load GB/s with the earlier serial loader (HEARTH_LOAD_THREADS=1), for the A/B."""
+# The decode kernels of the previous round, for the A/B: no programmatic dependent launch, gate/up
+# GEMV then a separate swiglu kernel (both read when the decode graphs are captured, at load).
+EARLIER_DECODE = {"HEARTH_PDL": "0", "HEARTH_GEMV_SWIGLU": "0"}
+
+
+def bench_decode_variant(info, max_batch: int, tokens: int, env: dict) -> dict:
+    """Batch-1 and batch-8 decode tok/s of a runner loaded with `env` set, for the A/B."""
     from engine.backends import cuda_native
     from engine.backends.base import RunnerOptions
+    from engine.sampling import GREEDY, SamplerState
 
-    old = os.environ.get("HEARTH_LOAD_THREADS")
-    os.environ["HEARTH_LOAD_THREADS"] = "1"
+    old = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
     try:
-        start = time.perf_counter()
         runner = cuda_native.load_runner(info, info.plan, RunnerOptions(context_length=HISTORY + 1024,
                                                                          max_batch=max_batch))
-        load_s = time.perf_counter() - start
-        runner.close()
     finally:
-        if old is None:
-            del os.environ["HEARTH_LOAD_THREADS"]
-        else:
-            os.environ["HEARTH_LOAD_THREADS"] = old
-    return info.weight_bytes / load_s / 1e9
+        for k, v in old.items():
+            if v is None:
+                del os.environ[k]
+            else:
+                os.environ[k] = v
+    vocab = info.decoder.vocab_size
+    try:
+        out = {}
+        for b in (1, 8):
+            seqs = [runner.allocate_sequence() for _ in range(b)]
+            firsts = []
+            for i, s in enumerate(seqs):
+                runner.prefill(s, _tokens(16, vocab, 1 + i))
+                firsts.append(runner.sample([SamplerState.start(GREEDY)])[0])
+            out[f"decode_b{b}_tok_s"] = _decode_rate(runner, seqs, firsts, tokens if b == 1 else max(16, tokens // 4))
+            for s in seqs:
+                runner.release_sequence(s)
+    finally:
+        runner.close()
+    return {" ".join(f"{k}={v}" for k, v in env.items()): out}
 
 
 def bench_cuda(path: str, tokens: int, bandwidth: float, max_batch: int, prefill_ab: bool = False,
@@ -211,7 +229,7 @@ def bench_cuda(path: str, tokens: int, bandwidth: float, max_batch: int, prefill
 
     info = inspect(path)
     torch.cuda.empty_cache()
-    serial_gb_s = bench_load_serial(info, max_batch) if ab else None
+    earlier = bench_decode_variant(info, max_batch, tokens, EARLIER_DECODE) if ab else None
     torch.cuda.empty_cache()
     peak = _Peak()
     start = time.perf_counter()
@@ -224,8 +242,8 @@ def bench_cuda(path: str, tokens: int, bandwidth: float, max_batch: int, prefill
         row = {"model": path, "backend": "cuda-native", "weight_bytes": mem["weight_bytes"],
                "load_s": load_s, "load_gb_s": info.weight_bytes / load_s / 1e9,
                "graph_buckets": runner.graph_buckets(), "gemm_backend": mem["gemm_backend"]}
-        if serial_gb_s is not None:
-            row["load_gb_s_serial"] = serial_gb_s
+        if earlier is not None:
+            row["earlier_decode"] = earlier
         row.update(bench_runner(runner, info.decoder.vocab_size, tokens,
                                 [b for b in AGG_BATCHES if b <= max_batch], peak))
         if prefill_ab:
@@ -321,9 +339,12 @@ def print_table(result: dict) -> None:
         print(f"| {name} | " + " | ".join(_fmt(r.get(c[1]), c[2]) if c[2] != "s" else str(r.get(c[1]))
                                         for c in cols) + " |")
     for r in result["rows"]:
-        if "load_gb_s_serial" in r:
+        if "earlier_decode" in r:
             name = r["model"].rstrip("/").split("/")[-1]
-            print(f"{name} load: serial {r['load_gb_s_serial']:.1f} GB/s -> threaded {r['load_gb_s']:.1f} GB/s")
+            for key, v in r["earlier_decode"].items():
+                print(f"{name} decode with {key}: b1 {v['decode_b1_tok_s']:,.0f} tok/s "
+                      f"(now {r['decode_tok_s']:,.0f}), b8 {v['decode_b8_tok_s']:,.0f} tok/s "
+                      f"(now {r.get('agg_decode_b8_tok_s', 0):,.0f})")
         for key, v in r.items():
             if key.startswith("HEARTH_") and isinstance(v, dict):
                 name = r["model"].rstrip("/").split("/")[-1]
@@ -346,7 +367,8 @@ def main(argv=None) -> int:
     parser.add_argument("--prefill-ab", action="store_true",
                         help="also TTFT 2048 and the second turn with the scalar prefill attention")
     parser.add_argument("--ab", action="store_true",
-                        help="also the earlier paths in the same run: serial load (HEARTH_LOAD_THREADS=1), "
+                        help="also the earlier paths in the same run: decode b1/b8 without PDL and the "
+                             "fused SwiGLU GEMV (HEARTH_PDL=0 HEARTH_GEMV_SWIGLU=0, a second load), "
                              "second turn without the prefill key split (HEARTH_PREFILL_KSPLIT=0)")
     parser.add_argument("--json")
     args = parser.parse_args(argv)

@@ -190,6 +190,7 @@ void bind_runtime(py::module_& m) {
   k.def("prefill_key_splits", &hearth::prefill_key_splits, py::arg("rows"), py::arg("heads"),
         py::arg("head_dim"), py::arg("max_kv_len"), py::arg("part_rows"));
   k.def("swiglu", &c::swiglu, release());
+  k.def("gemv_swiglu", &c::gemv_swiglu, release());
   k.def("matmul", &c::matmul, release());
   k.def("convert_to_bf16", &c::convert_to_bf16, release());
   k.def("gemv_seconds", &c::gemv_seconds, release());

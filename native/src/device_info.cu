@@ -2,7 +2,11 @@
 // turning "no driver" and "no device" into a reason instead of an error.
 #include <cuda_runtime.h>
 
+#include <cstdlib>
+#include <cstring>
+
 #include "device_info.h"
+#include "launch.cuh"
 
 #ifndef HEARTH_CUDA_ARCH_LIST
 #define HEARTH_CUDA_ARCH_LIST ""
@@ -27,6 +31,22 @@ BuildInfo build_info() {
     if (count == 0) info.reason = "no CUDA device: the driver reports none";
   }
   return info;
+}
+
+bool pdl_enabled() {
+  const char* v = std::getenv("HEARTH_PDL");
+  if (v && std::strcmp(v, "0") == 0) return false;
+  static int major = -1;  // one GPU per process; asked once
+  if (major < 0) {
+    int device = 0, m = 0;
+    if (cudaGetDevice(&device) != cudaSuccess ||
+        cudaDeviceGetAttribute(&m, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess) {
+      cudaGetLastError();
+      m = 0;
+    }
+    major = m;
+  }
+  return major >= 9;
 }
 
 }  // namespace hearth

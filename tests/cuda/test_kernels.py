@@ -275,6 +275,25 @@ def test_swiglu(rows, inter):
     assert rel(out, torch.nn.functional.silu(g) * u) < 1e-6
 
 
+@pytest.mark.parametrize("rows,inter,k", [(1, 1536, 576), (1, 8192, 2048), (1, 14336, 4096), (3, 3072, 1024),
+                                           (8, 1536, 576), (5, 14336, 4096), (2, 64, 4096)])
+def test_gemv_swiglu_equals_gemv_then_swiglu(rows, inter, k):
+    """The fused gate/up GEMV + SwiGLU epilogue equals the two kernels bit for bit (same sums, same
+    expression), and torch in float64."""
+    x = torch.randn(rows, k, device="cuda")
+    w = (torch.randn(2 * inter, k, device="cuda") * 0.02).bfloat16()
+    out = poison((rows, inter), torch.float32)
+    if not K().gemv_swiglu(ptr(x), ptr(w), ptr(out), rows, inter, k):
+        pytest.skip(f"fused path does not take {rows}x{inter}x{k}")
+    gu = poison((rows, 2 * inter), torch.float32)
+    K().matmul("gemv", ptr(x), ptr(w), ptr(gu), rows, 2 * inter, k)
+    two = poison((rows, inter), torch.float32)
+    K().swiglu(ptr(gu), ptr(two), rows, inter)
+    assert torch.equal(out, two)
+    g, u = (x.double() @ w.double().T).chunk(2, -1)
+    assert rel(out, torch.nn.functional.silu(g) * u) < 1e-4
+
+
 @pytest.mark.parametrize("path,rows,n,k", [("gemv", 1, 1001, 576), ("gemv", 3, 4096, 4096), ("gemv", 8, 49152, 576),
                                            ("gemv", 1, 6144, 4096), ("gemv", 2, 4096, 14336), ("gemv", 5, 28672, 4096),
                                            ("gemv", 1, 4097, 1032), ("gemv", 8, 3, 14336),

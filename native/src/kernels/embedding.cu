@@ -2,11 +2,14 @@
 // Ids are validated on the host; an id outside the table writes zeros rather than reading past it.
 #include "../common.cuh"
 #include "kernels.h"
+#include "../launch.cuh"
 
 namespace hearth {
 
 __global__ void embedding_kernel(const int32_t* __restrict__ ids, const bf16* __restrict__ table,
                                  int vocab, int hidden, float* __restrict__ out) {
+  pdl_wait();
+  pdl_launch_dependents();
   const int t = blockIdx.x;
   const int id = ids[t];
   float* row_out = out + (size_t)t * hidden;
@@ -22,7 +25,7 @@ void launch_embedding(const int32_t* ids, int tokens, const bf16* table, int voc
                       float* out, cudaStream_t stream) {
   HEARTH_REQUIRE(tokens >= 0 && hidden > 0 && vocab > 0, "embedding: bad shape");
   if (tokens == 0) return;
-  embedding_kernel<<<tokens, 256, 0, stream>>>(ids, table, vocab, hidden, out);
+  launch_pdl(embedding_kernel, tokens, 256, 0, stream, ids, table, vocab, hidden, out);
   HEARTH_CHECK_LAUNCH("embedding_kernel");
 }
 

@@ -8,10 +8,17 @@
 // At 2-8 rows each warp computes 4 output features per pass (HEARTH_GEMV_FEATURES=1: one, the
 // earlier kernel): an activation chunk read from L1 serves 4 weight rows, so L1 traffic and load
 // issue per weight byte drop 4x (they, not HBM, limited batch 8 to ~20 % of bandwidth).
+// Launched with PDL (launch.cuh): before waiting for the previous kernel, each lane prefetches its
+// first weight chunks into L2, so the weight stream is already flowing when the activations land.
+// SwiGLU variant (launch_gemv_swiglu): the fused gate/up weight [gate rows; up rows] is walked so
+// that each block computes gate rows i.. and the matching up rows, and writes silu(gate) * up
+// (the swiglu kernel's expression) instead of both products: one kernel and one round trip of the
+// [rows, 2 * inter] intermediate fewer per layer; each product's sum is the same as unfused.
 #include <cstdlib>
 
 #include "../common.cuh"
 #include "kernels.h"
+#include "../launch.cuh"
 
 namespace hearth {
 
@@ -60,11 +67,28 @@ __device__ __forceinline__ void fma8(const uint4 (&raw)[F], const float* __restr
 // Block: kGemvWarps warps = (kGemvWarps / WPR) groups of F output features x WPR warps along k.
 // Every lane walks the chunks c = begin + lane, + 32, ... in ascending order, whatever F: a
 // feature's partial sums, their warp reduction and the fixed-order k-split sum do not depend on F.
-template <int R, int WPR, int F>
+__device__ __forceinline__ void prefetch_l2(const void* p) {
+  asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
+}
+
+// The weight row of virtual feature v. Plain: v. SwiGLU (n = 2 * inter, P features per block):
+// the first P / 2 features of a block are gate rows, the next P / 2 the matching up rows.
+template <bool SWIGLU, int P>
+__device__ __forceinline__ int weight_row(int v, int n) {
+  if constexpr (!SWIGLU) {
+    return v;
+  } else {
+    const int block = v / P, j = v % P;
+    return j < P / 2 ? block * (P / 2) + j : n / 2 + block * (P / 2) + (j - P / 2);
+  }
+}
+
+template <int R, int WPR, int F, bool SWIGLU = false>
 __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(const float* __restrict__ x,
                                                            const bf16* __restrict__ w,
                                                            float* __restrict__ out, int n, int k) {
   constexpr int kGroups = kGemvWarps / WPR;
+  constexpr int kPerBlock = kGroups * F;  // output features per block
   constexpr int U = F >= kGemvUnroll ? 1 : kGemvUnroll / F;  // F * U loads in flight per lane
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int f0 = (blockIdx.x * kGroups + warp / WPR) * F;
@@ -76,7 +100,16 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(const float* __restr
   const uint4* wrow[F];
 #pragma unroll
   for (int f = 0; f < F; ++f)
-    wrow[f] = reinterpret_cast<const uint4*>(w + (size_t)min(f0 + f, n - 1) * k);
+    wrow[f] = reinterpret_cast<const uint4*>(
+        w + (size_t)weight_row<SWIGLU, kPerBlock>(min(f0 + f, n - 1), n) * k);
+  // Weights never change during a forward pass: start their stream before the previous kernel ends.
+#pragma unroll
+  for (int u = 0; u < U; ++u)
+#pragma unroll
+    for (int f = 0; f < F; ++f)
+      if (begin + lane + 32 * u < end) prefetch_l2(wrow[f] + begin + lane + 32 * u);
+  pdl_wait();
+  pdl_launch_dependents();
 
   float acc[F][R];
 #pragma unroll
@@ -104,13 +137,21 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(const float* __restr
   for (int f = 0; f < F; ++f)
 #pragma unroll
     for (int r = 0; r < R; ++r) acc[f][r] = warp_sum(acc[f][r]);
+  // SwiGLU: the block's products gather here, then gate and up are combined.
+  __shared__ float fused[SWIGLU ? kPerBlock : 1][R];
+  const int local0 = f0 - blockIdx.x * kPerBlock;
   if constexpr (WPR == 1) {
     if (lane == 0)
 #pragma unroll
       for (int f = 0; f < F; ++f)
         if (f0 + f < n)
 #pragma unroll
-          for (int r = 0; r < R; ++r) out[(size_t)r * n + f0 + f] = acc[f][r];
+          for (int r = 0; r < R; ++r) {
+            if constexpr (SWIGLU)
+              fused[local0 + f][r] = acc[f][r];
+            else
+              out[(size_t)r * n + f0 + f] = acc[f][r];
+          }
   } else {
     __shared__ float partial[kGemvWarps][F][R];
     if (lane == 0)
@@ -126,35 +167,50 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(const float* __restr
         float v = 0.f;
 #pragma unroll
         for (int p = 0; p < WPR; ++p) v += partial[warp + p][f][r];
-        out[(size_t)r * n + f0 + f] = v;
+        if constexpr (SWIGLU)
+          fused[local0 + f][r] = v;
+        else
+          out[(size_t)r * n + f0 + f] = v;
       }
+    }
+  }
+  if constexpr (SWIGLU) {
+    __syncthreads();
+    const int inter = n / 2;
+    for (int i = threadIdx.x; i < kPerBlock / 2 * R; i += blockDim.x) {
+      const int j = i / R, r = i - j * R;
+      const float g = fused[j][r], u = fused[j + kPerBlock / 2][r];
+      out[(size_t)r * inter + blockIdx.x * (kPerBlock / 2) + j] = g / (1.f + expf(-g)) * u;
     }
   }
 }
 
-template <int R, int F>
+template <int R, int F, bool SWIGLU>
 void launch_rows(const float* x, const bf16* w, float* out, int n, int k, int wpr,
                  cudaStream_t stream) {
   const int per_block = kGemvWarps / wpr * F;  // output features per block
   const int blocks = (int)(((size_t)n + per_block - 1) / per_block);
   switch (wpr) {
-    case 1: gemv_kernel<R, 1, F><<<blocks, kGemvThreads, 0, stream>>>(x, w, out, n, k); break;
-    case 2: gemv_kernel<R, 2, F><<<blocks, kGemvThreads, 0, stream>>>(x, w, out, n, k); break;
-    case 4: gemv_kernel<R, 4, F><<<blocks, kGemvThreads, 0, stream>>>(x, w, out, n, k); break;
-    default: gemv_kernel<R, 8, F><<<blocks, kGemvThreads, 0, stream>>>(x, w, out, n, k); break;
+#define HEARTH_GEMV_WPR(W)                                                                  \
+  case W:                                                                                  \
+    launch_pdl(gemv_kernel<R, W, F, SWIGLU>, blocks, kGemvThreads, 0, stream, x, w, out, n, k); \
+    break;
+    HEARTH_GEMV_WPR(1) HEARTH_GEMV_WPR(2) HEARTH_GEMV_WPR(4)
+    default: launch_pdl(gemv_kernel<R, 8, F, SWIGLU>, blocks, kGemvThreads, 0, stream, x, w, out, n, k);
+#undef HEARTH_GEMV_WPR
   }
 }
 
-template <int R>
+template <int R, bool SWIGLU = false>
 void launch_rows(const float* x, const bf16* w, float* out, int n, int k, int wpr, int features,
                  cudaStream_t stream) {
   if constexpr (R == 1) {
-    launch_rows<1, 1>(x, w, out, n, k, wpr, stream);
+    launch_rows<1, 1, SWIGLU>(x, w, out, n, k, wpr, stream);
   } else {
     if (features >= 4)
-      launch_rows<R, 4>(x, w, out, n, k, wpr, stream);
+      launch_rows<R, 4, SWIGLU>(x, w, out, n, k, wpr, stream);
     else
-      launch_rows<R, 1>(x, w, out, n, k, wpr, stream);
+      launch_rows<R, 1, SWIGLU>(x, w, out, n, k, wpr, stream);
   }
 }
 
@@ -189,6 +245,29 @@ void launch_gemv(const float* x, const bf16* w, float* out, int rows, int n, int
 #undef HEARTH_GEMV_CASE
   }
   HEARTH_CHECK_LAUNCH("gemv_kernel");
+}
+
+bool gemv_swiglu_supported(int rows, int inter, int k) {
+  if (rows < 1 || rows > kGemvMaxRows || inter <= 0 || k % 8 != 0) return false;
+  const int per_block = kGemvWarps / gemv_warps_per_row(2 * inter, k) * gemv_features_per_warp(rows);
+  return per_block % 2 == 0 && inter % (per_block / 2) == 0;
+}
+
+void launch_gemv_swiglu(const float* x, const bf16* w_gate_up, float* out, int rows, int inter,
+                        int k, cudaStream_t stream) {
+  HEARTH_REQUIRE(gemv_swiglu_supported(rows, inter, k),
+                 "gemv_swiglu: shape not supported (check gemv_swiglu_supported first)");
+  const int n = 2 * inter;
+  const int wpr = gemv_warps_per_row(n, k);
+  const int features = gemv_features_per_warp(rows);
+  switch (rows) {
+#define HEARTH_GEMV_CASE(R) \
+  case R: launch_rows<R, true>(x, w_gate_up, out, n, k, wpr, features, stream); break;
+    HEARTH_GEMV_CASE(1) HEARTH_GEMV_CASE(2) HEARTH_GEMV_CASE(3) HEARTH_GEMV_CASE(4)
+    HEARTH_GEMV_CASE(5) HEARTH_GEMV_CASE(6) HEARTH_GEMV_CASE(7) HEARTH_GEMV_CASE(8)
+#undef HEARTH_GEMV_CASE
+  }
+  HEARTH_CHECK_LAUNCH("gemv_kernel (swiglu)");
 }
 
 }  // namespace hearth

@@ -49,10 +49,13 @@ struct PagedAttention {
 };
 
 // attention_decode.cu: one query per row, split along the keys in `split_len` pieces
-// (partials: [rows, heads, max_splits] m and l, [rows, heads, max_splits, hd] acc), then merged.
-// split_len 0: each row picks its own from its kv_len (max(128, kv_len / max_splits rounded up to 32)).
+// (partials: [rows, heads, max_splits] m and l, [rows, heads, max_splits, hd] acc), merged by the
+// last piece's block in the same kernel. `counters`: rows * heads ints, zero before the first
+// launch; each launch leaves them zero. split_len 0: each row picks its own from its kv_len
+// (max(128, kv_len / max_splits rounded up to 32)).
 void launch_decode_attention(const PagedAttention& p, int split_len, int max_splits,
-                             float* partial_ml, float* partial_acc, cudaStream_t stream);
+                             float* partial_ml, float* partial_acc, int* counters,
+                             cudaStream_t stream);
 
 // attention_prefill.cu: many queries (a prompt chunk) attending causally to the paged cache.
 // launch_prefill_attention picks the variant from HEARTH_PREFILL_ATTN: tc (default: tensor cores,
@@ -88,6 +91,12 @@ void launch_gemv(const float* x, const bf16* w, float* out, int rows, int n, int
 int gemv_warps_per_row(int n, int k);  // the k-split the GEMV uses for this shape (1, 2, 4 or 8)
 // Output features per warp pass: 1 at one row; 4 at 2-8 rows unless HEARTH_GEMV_FEATURES=1.
 int gemv_features_per_warp(int rows);
+// gemv.cu, SwiGLU epilogue: out [rows, inter] = silu(x @ gate^T) * (x @ up^T) for the fused
+// w_gate_up [2 * inter, k] (gate rows first), each product summed exactly as launch_gemv would.
+// `out` must not alias `x`. Only where gemv_swiglu_supported (block-aligned gate/up pairs).
+bool gemv_swiglu_supported(int rows, int inter, int k);
+void launch_gemv_swiglu(const float* x, const bf16* w_gate_up, float* out, int rows, int inter,
+                        int k, cudaStream_t stream);
 
 // gemm.cu: the same product for many rows, through cuBLASLt (loaded at first use) on bf16 tensor
 // cores, x split into two bf16 operands x = hi + lo (split: 2*rows*k bf16 of scratch) so the

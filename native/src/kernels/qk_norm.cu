@@ -2,12 +2,15 @@
 // x[r, col0 + h*hd + i] = x * rsqrt(mean over i of x^2 + eps) * weight[i]. One warp per (row, head).
 #include "../common.cuh"
 #include "kernels.h"
+#include "../launch.cuh"
 
 namespace hearth {
 
 __global__ void head_rmsnorm_kernel(float* __restrict__ x, int rows, int row_stride, int col0,
                                     int heads, int head_dim, const bf16* __restrict__ weight,
                                     float eps) {
+  pdl_wait();
+  pdl_launch_dependents();
   const int warp = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
   const int lane = threadIdx.x & 31;
   if (warp >= rows * heads) return;
@@ -28,8 +31,8 @@ void launch_head_rmsnorm(float* x, int rows, int row_stride, int col0, int heads
   const int warps = rows * heads;
   const int threads = 256;
   const int blocks = (warps * 32 + threads - 1) / threads;
-  head_rmsnorm_kernel<<<blocks, threads, 0, stream>>>(x, rows, row_stride, col0, heads, head_dim,
-                                                      weight, eps);
+  launch_pdl(head_rmsnorm_kernel, blocks, threads, 0, stream, x, rows, row_stride, col0, heads,
+             head_dim, weight, eps);
   HEARTH_CHECK_LAUNCH("head_rmsnorm_kernel");
 }
 

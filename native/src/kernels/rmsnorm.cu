@@ -3,6 +3,7 @@
 // and the normalized output (input of the next matrix product) are fp32.
 #include "../common.cuh"
 #include "kernels.h"
+#include "../launch.cuh"
 
 namespace hearth {
 
@@ -10,6 +11,8 @@ __global__ void rmsnorm_residual_kernel(float* __restrict__ residual, const floa
                                         const bf16* __restrict__ weight, float* __restrict__ out,
                                         int hidden, float eps) {
   __shared__ float scratch[32];
+  pdl_wait();
+  pdl_launch_dependents();
   const size_t base = (size_t)blockIdx.x * hidden;
   float* x = residual + base;
   float sq = 0.f;
@@ -31,7 +34,7 @@ void launch_rmsnorm_residual(float* residual, const float* delta, const bf16* we
                              int rows, int hidden, float eps, cudaStream_t stream) {
   HEARTH_REQUIRE(rows >= 0 && hidden > 0, "rmsnorm: bad shape");
   if (rows == 0) return;
-  rmsnorm_residual_kernel<<<rows, 256, 0, stream>>>(residual, delta, weight, out, hidden, eps);
+  launch_pdl(rmsnorm_residual_kernel, rows, 256, 0, stream, residual, delta, weight, out, hidden, eps);
   HEARTH_CHECK_LAUNCH("rmsnorm_residual_kernel");
 }
 

@@ -5,6 +5,7 @@
 // angle = float(position) * inv_freq[i] in fp32, inv_freq already carries any Llama-3 scaling.
 #include "../common.cuh"
 #include "kernels.h"
+#include "../launch.cuh"
 
 namespace hearth {
 
@@ -13,6 +14,8 @@ __global__ void rope_kv_write_kernel(const float* __restrict__ qkv, int heads, i
                                      const int32_t* __restrict__ slots,
                                      const float* __restrict__ inv_freq, float* __restrict__ q_out,
                                      bf16* __restrict__ k_cache, bf16* __restrict__ v_cache) {
+  pdl_wait();
+  pdl_launch_dependents();
   const int t = blockIdx.x;
   const int h = blockIdx.y;  // 0..heads-1 query heads, then kv_heads key heads, then kv_heads values
   const int half = head_dim >> 1;
@@ -53,8 +56,8 @@ void launch_rope_kv_write(const float* qkv, int tokens, int heads, int kv_heads,
   if (tokens == 0) return;
   dim3 grid(tokens, heads + 2 * kv_heads);
   const int threads = head_dim / 2 < 128 ? ((head_dim / 2 + 31) / 32) * 32 : 128;
-  rope_kv_write_kernel<<<grid, threads, 0, stream>>>(qkv, heads, kv_heads, head_dim, positions,
-                                                     slots, inv_freq, q_out, k_cache, v_cache);
+  launch_pdl(rope_kv_write_kernel, grid, threads, 0, stream, qkv, heads, kv_heads, head_dim,
+             positions, slots, inv_freq, q_out, k_cache, v_cache);
   HEARTH_CHECK_LAUNCH("rope_kv_write_kernel");
 }
 

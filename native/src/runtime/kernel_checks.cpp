@@ -72,7 +72,13 @@ void paged_attention(const std::string& mode, uintptr_t q, uintptr_t k_cache, ui
     const int max_splits = 64;
     DeviceBuffer ml((size_t)rows * heads * max_splits * 2 * 4, "attention partials");
     DeviceBuffer acc((size_t)rows * heads * max_splits * head_dim * 4, "attention partials");
-    launch_decode_attention(p, split_len, max_splits, ml.as<float>(), acc.as<float>(), 0);
+    DeviceBuffer counters((size_t)rows * heads * 4, "attention counters");
+    HEARTH_CUDA(cudaMemset(counters.get(), 0, counters.bytes()));
+    launch_decode_attention(p, split_len, max_splits, ml.as<float>(), acc.as<float>(),
+                            counters.as<int>(), 0);
+    // Twice: the counters the first launch left must serve the next one.
+    launch_decode_attention(p, split_len, max_splits, ml.as<float>(), acc.as<float>(),
+                            counters.as<int>(), 0);
     sync();
   } else {
     throw std::invalid_argument("paged_attention: mode must be decode, prefill, prefill_tc, prefill_tc1, prefill_tc_ksplit, prefill_tc1_ksplit or prefill_scalar");
@@ -83,6 +89,13 @@ void paged_attention(const std::string& mode, uintptr_t q, uintptr_t k_cache, ui
 void swiglu(uintptr_t gate_up, uintptr_t out, int rows, int inter) {
   launch_swiglu(P<const float>(gate_up), P<float>(out), rows, inter, 0);
   sync();
+}
+
+bool gemv_swiglu(uintptr_t x, uintptr_t w_gate_up, uintptr_t out, int rows, int inter, int k) {
+  if (!gemv_swiglu_supported(rows, inter, k)) return false;
+  launch_gemv_swiglu(P<const float>(x), P<const bf16>(w_gate_up), P<float>(out), rows, inter, k, 0);
+  sync();
+  return true;
 }
 
 void matmul(const std::string& path, uintptr_t x, uintptr_t w, uintptr_t out, int rows, int n, int k) {

@@ -25,6 +25,8 @@ void paged_attention(const std::string& mode, uintptr_t q, uintptr_t k_cache, ui
                      int rows, int heads, int kv_heads, int head_dim, int block_size,
                      int max_blocks, float scale, int split_len);
 void swiglu(uintptr_t gate_up, uintptr_t out, int rows, int inter);
+// False (nothing launched) where the fused gate/up + SwiGLU GEMV does not take the shape.
+bool gemv_swiglu(uintptr_t x, uintptr_t w_gate_up, uintptr_t out, int rows, int inter, int k);
 // path "gemv", "gemm" (cuBLASLt when loadable) or "tiled".
 void matmul(const std::string& path, uintptr_t x, uintptr_t w, uintptr_t out, int rows, int n, int k);
 // Seconds per GEMV launch, averaged over `reps` back-to-back launches (CUDA events), cycling over

@@ -111,6 +111,8 @@ Model::Model(const ModelConfig& config, const CacheConfig& cache) : cfg_(config)
   {
     const char* g = std::getenv("HEARTH_DECODE_GEMM");
     decode_gemm_bf16_ = g && std::string(g) == "bf16";  // off by default: misses the accuracy bar
+    const char* f = std::getenv("HEARTH_GEMV_SWIGLU");
+    gemv_swiglu_ = !(f && std::string(f) == "0");
   }
   HEARTH_CUDA(cudaSetDevice(0));
   plan_memory();
@@ -153,7 +155,7 @@ void Model::plan_memory() {
       (size_t)part_rows_ * cfg_.heads * 2 * 4, (size_t)part_rows_ * cfg_.heads * hd * 4,
       B * V * 4, hd / 2 * 4, B * sizeof(SampleRow), B * 4,
       (5 * C + std::max<size_t>(B, 1) * cache_.max_sequence_blocks) * 4, lt_workspace_bytes_,
-      2 * C * xn_width * 2};
+      2 * C * xn_width * 2, std::max<size_t>(B, 1) * cfg_.heads * 4};
   size_t workspace_bytes = 0;
   for (size_t& p : parts) p = align_up(p, 256), workspace_bytes += p;
 
@@ -223,6 +225,8 @@ void Model::plan_memory() {
   meta_ints_ = parts[i - 1] / 4;
   lt_workspace_ = next();
   split_ = reinterpret_cast<bf16*>(next());
+  attn_counters_ = reinterpret_cast<int*>(next());
+  HEARTH_CUDA(cudaMemset(attn_counters_, 0, parts[i - 1]));
 
   HEARTH_CUDA(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   HEARTH_CUDA(cudaEventCreateWithFlags(&meta_done_, cudaEventDisableTiming));
@@ -631,16 +635,21 @@ void Model::run_layers(int T, int table_stride, bool decode_mode, int logit_firs
                        cfg_.kv_heads, hd, cache_.block_size, table_stride,
                        1.f / std::sqrt((float)hd)};
     if (decode_mode) {
-      launch_decode_attention(att, 0, kMaxSplits, part_ml_, part_acc_, stream_);
+      launch_decode_attention(att, 0, kMaxSplits, part_ml_, part_acc_, attn_counters_, stream_);
     } else {
       const PrefillSplitWork work{part_ml_, part_acc_, part_rows_, step_max_kv_};
       launch_prefill_attention(att, stream_, prefill_ksplit_ && step_max_kv_ > 0 ? &work : nullptr);
     }
     matmul(xn_, lw.wo, delta_, T, H, q_size_);
     launch_rmsnorm_residual(resid_, delta_, lw.mlp_norm, xn_, T, H, cfg_.rms_eps, stream_);
-    matmul(xn_, lw.wgu, gate_up_, T, 2 * I, H);
-    launch_swiglu(gate_up_, xn_, T, I, stream_);
-    matmul(xn_, lw.wdown, delta_, T, H, I);
+    if (gemv_swiglu_ && T <= kGemvMaxRows && gemv_swiglu_supported(T, I, H)) {
+      launch_gemv_swiglu(xn_, lw.wgu, gate_up_, T, I, H, stream_);
+      matmul(gate_up_, lw.wdown, delta_, T, H, I);
+    } else {
+      matmul(xn_, lw.wgu, gate_up_, T, 2 * I, H);
+      launch_swiglu(gate_up_, xn_, T, I, stream_);
+      matmul(xn_, lw.wdown, delta_, T, H, I);
+    }
   }
   if (logit_count == 0) return;
   const size_t first = (size_t)logit_first * H;

@@ -135,6 +135,9 @@ class Model {
   // construction; graphs capture the choice.
   bool decode_gemm_bf16_ = false;
   bool in_decode_ = false;
+  // Gate/up GEMV with the SwiGLU epilogue at <= kGemvMaxRows rows (HEARTH_GEMV_SWIGLU=0: the
+  // GEMV, then the swiglu kernel). Read at construction; graphs capture the choice.
+  bool gemv_swiglu_ = true;
   // Prefill attention key split (flash-decoding style) for few query tiles over long history:
   // HEARTH_PREFILL_KSPLIT=0 turns it off (read per prefill forward). Partials share part_ml_ /
   // part_acc_ with decode.
@@ -157,6 +160,7 @@ class Model {
       *inv_freq_;
   float* xn_;
   bf16* split_;
+  int* attn_counters_;  // decode attention's per (row, head) piece counters, left zero
   int32_t *meta_, *tokens_;
   SampleRow* sample_params_;
   void* lt_workspace_;

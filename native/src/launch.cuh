@@ -1,0 +1,58 @@
+// Kernel launches with programmatic dependent launch (PDL, Hopper and later).
+//
+// A decode step is ~10 small kernels per layer; between two of them the GPU normally drains the
+// first grid, then launches and ramps up the second (a few microseconds each time, ~0.3-1 ms per
+// token over a model). With PDL the next kernel of the stream may be launched while the previous
+// one is still running: its blocks start, issue what does not depend on the previous kernel (a
+// GEMV prefetches its weights into L2), and wait in pdl_wait() until the previous grid has
+// finished and its writes are visible. CUDA graphs capture these programmatic edges.
+//
+// The contract every kernel launched with launch_pdl keeps: call pdl_wait() before its first read
+// of anything an earlier kernel wrote and before its first global write. pdl_launch_dependents()
+// lets the next kernel launch early; it is called right after the wait, so at most two grids
+// overlap. A kernel followed by a library kernel (cuBLASLt) is launched without PDL.
+// HEARTH_PDL=0 turns the attribute off (read per launch, captured into graphs at load).
+#pragma once
+#include <cuda_runtime.h>
+
+#include <utility>
+
+#include "cuda_check.h"
+
+namespace hearth {
+
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void pdl_launch_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+// True on compute capability 9.0+ unless HEARTH_PDL=0.
+bool pdl_enabled();
+
+// kernel<<<grid, block, smem, stream>>>(args...), with the PDL attribute where enabled. The caller
+// checks the launch with HEARTH_CHECK_LAUNCH as for any launch.
+template <typename... Params, typename... Args>
+void launch_pdl(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+                Args&&... args) {
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config = {};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = smem;
+  config.stream = stream;
+  config.attrs = attr;
+  config.numAttrs = pdl_enabled() ? 1 : 0;
+  // Errors are left for HEARTH_CHECK_LAUNCH (cudaGetLastError), as with <<<>>>.
+  (void)cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
+}
+
+}  // namespace hearth
