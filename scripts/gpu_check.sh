@@ -6,6 +6,9 @@
 # steps, so one device call of at most 10 minutes always ends with its summary.
 # HEARTH_OLD_PATHS_K: a pytest -k expression run last with the earlier kernels switched on.
 # HEARTH_SYNTH_SHAPES: the checkpoints to generate (default all four).
+# HEARTH_PROFILE_MODELS / HEARTH_PRECISION_MODELS: shapes (among those generated) for the optional
+# per-kernel decode profile and matrix-product precision steps (timeouts HEARTH_PROFILE_TIMEOUT, 120 s,
+# and HEARTH_PRECISION_TIMEOUT, 150 s); both run with the bench step.
 set -uo pipefail
 STEP=${1:-all}
 KEXPR=${2:-}
@@ -53,6 +56,29 @@ if [[ $STEP == all || $STEP == bench ]]; then
     "${model_args[@]}" >"$OUT/bench.log" 2>&1
   summary+=("bench rc=$?")
   grep -v '^{' "$OUT/bench.log" | tail -20
+fi
+
+# Optional: per-kernel decode profile (graphs on and off) of the shapes in HEARTH_PROFILE_MODELS
+# (e.g. "smollm2-135m llama3.1-8b"); HEARTH_PROFILE_ARGS adds e.g. "--batch 8 --context 1024".
+if [[ ($STEP == all || $STEP == bench) && -n ${HEARTH_PROFILE_MODELS:-} ]]; then
+  read -r -a profile_args <<<"${HEARTH_PROFILE_ARGS:-}"
+  model_args=()
+  for shape in $HEARTH_PROFILE_MODELS; do model_args+=(--model "$MODELS/$shape"); done
+  timeout "${HEARTH_PROFILE_TIMEOUT:-120}" python3 -m engine.tools.profile_decode "${model_args[@]}" "${profile_args[@]}" \
+    --json "$OUT/profile.json" >"$OUT/profile.log" 2>&1
+  summary+=("profile rc=$?")
+  tail -60 "$OUT/profile.log"
+fi
+
+# Optional: how far bf16 / fp16 / scaled-fp16 products move the logits of the shapes in
+# HEARTH_PRECISION_MODELS (torch reference in fp32 on the GPU: the 8B needs ~32 GB).
+if [[ ($STEP == all || $STEP == bench) && -n ${HEARTH_PRECISION_MODELS:-} ]]; then
+  model_args=()
+  for shape in $HEARTH_PRECISION_MODELS; do model_args+=(--model "$MODELS/$shape"); done
+  timeout "${HEARTH_PRECISION_TIMEOUT:-150}" python3 -m engine.tools.precision --device cuda "${model_args[@]}" \
+    --json "$OUT/precision.json" >"$OUT/precision.log" 2>&1
+  summary+=("precision rc=$?")
+  tail -40 "$OUT/precision.log"
 fi
 
 # The earlier paths behind their switches (HEARTH_PREFILL_ATTN=scalar, HEARTH_GEMV_FEATURES=1,
