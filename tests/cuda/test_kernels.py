@@ -298,6 +298,8 @@ def test_gemv_swiglu_equals_gemv_then_swiglu(rows, inter, k):
                                            ("gemv", 1, 6144, 4096), ("gemv", 2, 4096, 14336), ("gemv", 5, 28672, 4096),
                                            ("gemv", 1, 4097, 1032), ("gemv", 8, 3, 14336),
                                            ("gemm", 9, 1001, 576), ("gemm", 512, 3072, 1024),
+                                           ("gemm_stacked", 16, 4096, 4096), ("gemm_stacked", 64, 6144, 4096),
+                                           ("gemm_stacked", 9, 1001, 576),
                                            ("tiled", 37, 1001, 584), ("tiled", 130, 256, 2048)])
 def test_matmul(path, rows, n, k):
     x = torch.randn(rows, k, device="cuda")  # fp32 activations

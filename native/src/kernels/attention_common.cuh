@@ -51,12 +51,26 @@ __device__ __forceinline__ void fold_key_chunk(SoftmaxState<HD>& st, const float
   st.m = new_m;
 #pragma unroll
   for (int r = 0; r < HD / 32; ++r) st.acc[r] *= corr;
-  for (int j = 0; j < n_valid; ++j) {
-    const float pj = __shfl_sync(0xffffffffu, p, j);
-    const size_t sj = __shfl_sync(0xffffffffu, slot, j);
-    const bf16* v = v_cache + (sj * kv_heads + kvh) * HD;
+  // Values in groups of kValueGroup keys: the group's loads are issued together, then summed in key
+  // order (one key at a time, they were a chain of dependent global loads: ~16 us per chunk of 32
+  // keys, most of a short-context decode step). Keys past n_valid in the last group add
+  // 0 * (the chunk's first value), so the sum is the same as stopping at n_valid.
+  constexpr int kValueGroup = 8;
+  for (int j0 = 0; j0 < n_valid; j0 += kValueGroup) {
+    float pj[kValueGroup], vj[kValueGroup][HD / 32];
 #pragma unroll
-    for (int r = 0; r < HD / 32; ++r) st.acc[r] += pj * __bfloat162float(v[lane + 32 * r]);
+    for (int u = 0; u < kValueGroup; ++u) {
+      const int j = j0 + u < n_valid ? j0 + u : 0;
+      pj[u] = j0 + u < n_valid ? __shfl_sync(0xffffffffu, p, j) : 0.f;
+      const size_t sj = __shfl_sync(0xffffffffu, slot, j);
+      const bf16* v = v_cache + (sj * kv_heads + kvh) * HD;
+#pragma unroll
+      for (int r = 0; r < HD / 32; ++r) vj[u][r] = __bfloat162float(v[lane + 32 * r]);
+    }
+#pragma unroll
+    for (int u = 0; u < kValueGroup; ++u)
+#pragma unroll
+      for (int r = 0; r < HD / 32; ++r) st.acc[r] += pj[u] * vj[u][r];
   }
 }
 

@@ -1,9 +1,16 @@
-// Matrix product for many rows (prefill, scoring): out[m, n] = sum_k x[m, k] * w[n, k], bf16
-// weights, fp32 activations split into two bf16 operands (hi + lo), fp32 accumulation and output. cuBLASLt does the work; it is loaded with dlopen at first
-// use (libcublasLt.so.13), so the extension imports where the library is absent. Without it a
-// plain shared-memory tiled kernel computes the same product, slower.
+// Matrix product for many rows (prefill, scoring, decode buckets of 16+): out[m, n] =
+// sum_k x[m, k] * w[n, k], bf16 weights, fp32 activations split into two bf16 operands (hi + lo),
+// fp32 accumulation and output. cuBLASLt does the work; it is loaded with dlopen at first use
+// (libcublasLt.so.13), so the extension imports where the library is absent. Without it a plain
+// shared-memory tiled kernel computes the same product, slower.
+// Two ways to feed hi and lo: two products (hi, then lo accumulated onto it: each weight read
+// twice), or stacked: hi and lo are adjacent in memory, i.e. one [2m, k] operand, so ONE product
+// over 2m rows reads each weight once and a small kernel adds the two halves of its output. For
+// decode (m <= 64) the weights dominate the traffic, so stacking halves it; in prefill the
+// product is compute-bound either way.
 #include <dlfcn.h>
 
+#include <algorithm>
 #include <cstdlib>
 
 #include <map>
@@ -191,10 +198,20 @@ const char* gemm_backend_name() {
   return cublaslt_available() ? "cublasLt" : "tiled";
 }
 
+// out[r, c] = stacked[r, c] + stacked[rows + r, c]: the hi and lo halves of a stacked product.
+__global__ void add_halves_kernel(const float* __restrict__ stacked, float* __restrict__ out,
+                                  int64_t half) {
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < half;
+       i += (int64_t)gridDim.x * blockDim.x)
+    out[i] = stacked[i] + stacked[half + i];
+}
+
 void launch_gemm(const float* x, const bf16* w, float* out, int rows, int n, int k, bf16* split,
                  void* workspace, size_t workspace_bytes, cudaStream_t stream,
-                 bool single_product) {
+                 GemmActivations mode, float* stacked) {
   HEARTH_REQUIRE(rows >= 0 && n > 0 && k > 0, "gemm: bad shape");
+  HEARTH_REQUIRE(mode != GemmActivations::Stacked || stacked,
+                 "gemm: the stacked product needs its [2 rows, n] output buffer");
   if (rows == 0) return;
 #ifdef HEARTH_WITH_CUBLASLT
   if (cublaslt_available() && split) {
@@ -202,12 +219,23 @@ void launch_gemm(const float* x, const bf16* w, float* out, int rows, int n, int
     bf16* hi = split;
     bf16* lo = split + (size_t)rows * k;
     launch_split_bf16(x, hi, lo, (int64_t)rows * k, stream);
-    const LtPlan& plan = lt_plan(rows, n, k, workspace_bytes);
     const float alpha = 1.f, zero = 0.f, one = 1.f;
+    if (mode == GemmActivations::Stacked) {  // [hi; lo] as one operand of 2 rows
+      const LtPlan& plan = lt_plan(2 * rows, n, k, workspace_bytes);
+      check_lt(lt().matmul(lt().handle, plan.desc, &alpha, w, plan.a, hi, plan.b, &zero, stacked,
+                           plan.c, stacked, plan.c, &plan.algo, workspace, workspace_bytes, stream),
+               "Matmul");
+      const int64_t half = (int64_t)rows * n;
+      const int blocks = (int)std::min<int64_t>((half + 255) / 256, 2048);
+      add_halves_kernel<<<blocks, 256, 0, stream>>>(stacked, out, half);
+      HEARTH_CHECK_LAUNCH("add_halves_kernel");
+      return;
+    }
+    const LtPlan& plan = lt_plan(rows, n, k, workspace_bytes);
     check_lt(lt().matmul(lt().handle, plan.desc, &alpha, w, plan.a, hi, plan.b, &zero, out, plan.c,
                          out, plan.c, &plan.algo, workspace, workspace_bytes, stream),
              "Matmul");
-    if (single_product) return;  // hi alone: x rounded to bf16, the weights read once
+    if (mode == GemmActivations::Bf16) return;  // hi alone: x rounded to bf16, the weights read once
     check_lt(lt().matmul(lt().handle, plan.desc, &alpha, w, plan.a, lo, plan.b, &one, out, plan.c,
                          out, plan.c, &plan.algo, workspace, workspace_bytes, stream),
              "Matmul");

@@ -101,12 +101,15 @@ void launch_gemv_swiglu(const float* x, const bf16* w_gate_up, float* out, int r
 // gemm.cu: the same product for many rows, through cuBLASLt (loaded at first use) on bf16 tensor
 // cores, x split into two bf16 operands x = hi + lo (split: 2*rows*k bf16 of scratch) so the
 // activations keep ~16 bits of mantissa; where the library cannot be loaded, a tiled kernel.
-// single_product: x rounded to bf16 once, one product (each weight read once; ~3 significant
-// digits in the activations, as transformers' bf16 path) instead of hi + lo. Used for decode
-// buckets >= 16 only with HEARTH_DECODE_GEMM=bf16 (off by default: see model.h).
+// Split: two products, hi then lo (each weight read twice). Stacked: one product over the [2 rows,
+// k] operand [hi; lo] into `stacked` [2 rows, n] fp32, then out = top + bottom half (each weight
+// read once, the same two products). Bf16: x rounded to bf16 once, one product (~3 significant
+// digits in the activations, as transformers' bf16 path; misses the accuracy bar on the random
+// 1B / 8B, so only with HEARTH_DECODE_GEMM=bf16: see model.h).
+enum class GemmActivations { Split, Stacked, Bf16 };
 void launch_gemm(const float* x, const bf16* w, float* out, int rows, int n, int k, bf16* split,
                  void* workspace, size_t workspace_bytes, cudaStream_t stream,
-                 bool single_product = false);
+                 GemmActivations mode = GemmActivations::Split, float* stacked = nullptr);
 void launch_gemm_tiled(const float* x, const bf16* w, float* out, int rows, int n, int k,
                        cudaStream_t stream);
 bool cublaslt_available();      // tries to load libcublasLt once

@@ -101,16 +101,20 @@ bool gemv_swiglu(uintptr_t x, uintptr_t w_gate_up, uintptr_t out, int rows, int 
 void matmul(const std::string& path, uintptr_t x, uintptr_t w, uintptr_t out, int rows, int n, int k) {
   if (path == "gemv") {
     launch_gemv(P<const float>(x), P<const bf16>(w), P<float>(out), rows, n, k, 0);
-  } else if (path == "gemm" || path == "gemm_bf16") {
+  } else if (path == "gemm" || path == "gemm_bf16" || path == "gemm_stacked") {
     DeviceBuffer ws(32u << 20, "cuBLASLt workspace");
     DeviceBuffer split((size_t)rows * k * 2 * 2, "activation split");
+    DeviceBuffer stacked((size_t)2 * rows * n * 4, "stacked product");
+    const GemmActivations mode = path == "gemm_bf16"      ? GemmActivations::Bf16
+                                 : path == "gemm_stacked" ? GemmActivations::Stacked
+                                                          : GemmActivations::Split;
     launch_gemm(P<const float>(x), P<const bf16>(w), P<float>(out), rows, n, k, split.as<bf16>(),
-                ws.get(), ws.bytes(), 0, path == "gemm_bf16");
+                ws.get(), ws.bytes(), 0, mode, stacked.as<float>());
     sync();
   } else if (path == "tiled") {
     launch_gemm_tiled(P<const float>(x), P<const bf16>(w), P<float>(out), rows, n, k, 0);
   } else {
-    throw std::invalid_argument("matmul: path must be gemv, gemm, gemm_bf16 or tiled");
+    throw std::invalid_argument("matmul: path must be gemv, gemm, gemm_bf16, gemm_stacked or tiled");
   }
   sync();
 }

@@ -110,7 +110,10 @@ Model::Model(const ModelConfig& config, const CacheConfig& cache) : cfg_(config)
   chunk_ = std::max(cache_.chunk_tokens, cache_.max_batch);
   {
     const char* g = std::getenv("HEARTH_DECODE_GEMM");
-    decode_gemm_bf16_ = g && std::string(g) == "bf16";  // off by default: misses the accuracy bar
+    const std::string mode = g ? g : "stacked";
+    decode_gemm_ = mode == "bf16"    ? GemmActivations::Bf16  // opt-in: misses the accuracy bar
+                   : mode == "split" ? GemmActivations::Split
+                                     : GemmActivations::Stacked;
     const char* f = std::getenv("HEARTH_GEMV_SWIGLU");
     gemv_swiglu_ = !(f && std::string(f) == "0");
   }
@@ -155,7 +158,9 @@ void Model::plan_memory() {
       (size_t)part_rows_ * cfg_.heads * 2 * 4, (size_t)part_rows_ * cfg_.heads * hd * 4,
       B * V * 4, hd / 2 * 4, B * sizeof(SampleRow), B * 4,
       (5 * C + std::max<size_t>(B, 1) * cache_.max_sequence_blocks) * 4, lt_workspace_bytes_,
-      2 * C * xn_width * 2, std::max<size_t>(B, 1) * cfg_.heads * 4};
+      2 * C * xn_width * 2, std::max<size_t>(B, 1) * cfg_.heads * 4,
+      // the stacked decode product's [2 rows, n] output, for buckets past the GEMV
+      B > (size_t)kGemvMaxRows ? 2 * B * std::max({(size_t)qkv_size_, 2 * I, H, V}) * 4 : 0};
   size_t workspace_bytes = 0;
   for (size_t& p : parts) p = align_up(p, 256), workspace_bytes += p;
 
@@ -227,6 +232,7 @@ void Model::plan_memory() {
   split_ = reinterpret_cast<bf16*>(next());
   attn_counters_ = reinterpret_cast<int*>(next());
   HEARTH_CUDA(cudaMemset(attn_counters_, 0, parts[i - 1]));
+  stacked_ = parts[i] ? reinterpret_cast<float*>(next()) : nullptr;
 
   HEARTH_CUDA(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   HEARTH_CUDA(cudaEventCreateWithFlags(&meta_done_, cudaEventDisableTiming));
@@ -457,7 +463,7 @@ void Model::matmul(const float* x, const bf16* w, float* out, int rows, int n, i
     launch_gemv(x, w, out, rows, n, k, stream_);
   else
     launch_gemm(x, w, out, rows, n, k, split_, lt_workspace_, lt_workspace_bytes_, stream_,
-                in_decode_ && decode_gemm_bf16_);
+                in_decode_ && stacked_ ? decode_gemm_ : GemmActivations::Split, stacked_);
 }
 
 void Model::prefill(int seq, const std::vector<int32_t>& tokens, float* all_logits) {

@@ -129,11 +129,13 @@ class Model {
   CacheConfig cache_;
   int q_size_, kv_size_, qkv_size_, chunk_;
   static constexpr int kMaxSplits = 32;
-  // Decode steps of more than kGemvMaxRows rows: the hi + lo pair (HEARTH_DECODE_GEMM=split, the
-  // default) or one bf16 product (=bf16: weights read once, 8B b64 4,556 -> 6,907 tok/s, but the
-  // 1B / 8B teacher-forced bucket-32 rows miss the bar: 96.4 % top-1 / 2.6e-2). Read at
-  // construction; graphs capture the choice.
-  bool decode_gemm_bf16_ = false;
+  // Decode steps of more than kGemvMaxRows rows (HEARTH_DECODE_GEMM, read at construction; graphs
+  // capture the choice): stacked (default: hi and lo as one [2 rows, k] operand, each weight read
+  // once, the same arithmetic as split), split (two products, each weight read twice), or bf16
+  // (one product over bf16-rounded activations: 8B b64 4,556 -> 6,907 tok/s, but the 1B / 8B
+  // teacher-forced bucket-32 rows miss the bar: 96.4 % top-1 / 2.6e-2).
+  GemmActivations decode_gemm_ = GemmActivations::Stacked;
+  float* stacked_ = nullptr;  // [2 * max_batch, widest n] fp32, where max_batch > kGemvMaxRows
   bool in_decode_ = false;
   // Gate/up GEMV with the SwiGLU epilogue at <= kGemvMaxRows rows (HEARTH_GEMV_SWIGLU=0: the
   // GEMV, then the swiglu kernel). Read at construction; graphs capture the choice.
