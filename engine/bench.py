@@ -181,12 +181,14 @@ def bench_prefill_variant(runner, vocab: int, env: str, value: str) -> dict:
 
 
 # The decode kernels of the previous round, for the A/B: no programmatic dependent launch, gate/up
-# GEMV then a separate swiglu kernel (both read when the decode graphs are captured, at load).
-EARLIER_DECODE = {"HEARTH_PDL": "0", "HEARTH_GEMV_SWIGLU": "0"}
+# GEMV then a separate swiglu kernel, RMSNorm kernels, two hi/lo products for buckets of 16+ (all
+# read when the decode graphs are captured, at load).
+EARLIER_DECODE = {"HEARTH_PDL": "0", "HEARTH_GEMV_SWIGLU": "0", "HEARTH_GEMV_NORM": "0",
+                  "HEARTH_DECODE_GEMM": "split"}
 
 
 def bench_decode_variant(info, max_batch: int, tokens: int, env: dict) -> dict:
-    """Batch-1 and batch-8 decode tok/s of a runner loaded with `env` set, for the A/B."""
+    """Batch-1, 8 and 64 decode tok/s of a runner loaded with `env` set, for the A/B."""
     from engine.backends import cuda_native
     from engine.backends.base import RunnerOptions
     from engine.sampling import GREEDY, SamplerState
@@ -205,7 +207,9 @@ def bench_decode_variant(info, max_batch: int, tokens: int, env: dict) -> dict:
     vocab = info.decoder.vocab_size
     try:
         out = {}
-        for b in (1, 8):
+        for b in (1, 8, 64):
+            if b > max_batch:
+                continue
             seqs = [runner.allocate_sequence() for _ in range(b)]
             firsts = []
             for i, s in enumerate(seqs):
@@ -344,7 +348,8 @@ def print_table(result: dict) -> None:
             for key, v in r["earlier_decode"].items():
                 print(f"{name} decode with {key}: b1 {v['decode_b1_tok_s']:,.0f} tok/s "
                       f"(now {r['decode_tok_s']:,.0f}), b8 {v['decode_b8_tok_s']:,.0f} tok/s "
-                      f"(now {r.get('agg_decode_b8_tok_s', 0):,.0f})")
+                      f"(now {r.get('agg_decode_b8_tok_s', 0):,.0f}), b64 {v.get('decode_b64_tok_s', 0):,.0f} "
+                      f"tok/s (now {r.get('agg_decode_b64_tok_s', 0):,.0f})")
         for key, v in r.items():
             if key.startswith("HEARTH_") and isinstance(v, dict):
                 name = r["model"].rstrip("/").split("/")[-1]
@@ -367,8 +372,8 @@ def main(argv=None) -> int:
     parser.add_argument("--prefill-ab", action="store_true",
                         help="also TTFT 2048 and the second turn with the scalar prefill attention")
     parser.add_argument("--ab", action="store_true",
-                        help="also the earlier paths in the same run: decode b1/b8 without PDL and the "
-                             "fused SwiGLU GEMV (HEARTH_PDL=0 HEARTH_GEMV_SWIGLU=0, a second load), "
+                        help="also the earlier paths in the same run: decode b1/b8/b64 with the previous "
+                             "round's decode kernels (see EARLIER_DECODE; a second load), "
                              "second turn without the prefill key split (HEARTH_PREFILL_KSPLIT=0)")
     parser.add_argument("--json")
     args = parser.parse_args(argv)

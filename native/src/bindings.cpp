@@ -191,6 +191,8 @@ void bind_runtime(py::module_& m) {
         py::arg("head_dim"), py::arg("max_kv_len"), py::arg("part_rows"));
   k.def("swiglu", &c::swiglu, release());
   k.def("gemv_swiglu", &c::gemv_swiglu, release());
+  k.def("gemv_fused", &c::gemv_fused, release());
+  k.def("gemv_blocks", &hearth::gemv_blocks, py::arg("rows"), py::arg("n"), py::arg("k"));
   k.def("matmul", &c::matmul, release());
   k.def("convert_to_bf16", &c::convert_to_bf16, release());
   k.def("gemv_seconds", &c::gemv_seconds, release());

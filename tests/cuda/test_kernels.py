@@ -294,6 +294,41 @@ def test_gemv_swiglu_equals_gemv_then_swiglu(rows, inter, k):
     assert rel(out, torch.nn.functional.silu(g) * u) < 1e-4
 
 
+@pytest.mark.parametrize("rows,n,k,count", [(1, 960, 576, 1), (3, 6144, 4096, 7), (8, 3072, 1024, 512), (5, 1001, 2048, 1)])
+def test_gemv_norm_prologue_equals_rmsnorm_then_gemv(rows, n, k, count):
+    """x normalized on the fly from its producer's partial sums of squares (any count) equals RMSNorm
+    then the product, against float64."""
+    x = torch.randn(rows, k, device="cuda") * 3
+    w = (torch.randn(n, k, device="cuda") * 0.02).bfloat16()
+    norm_w = (1 + 0.1 * torch.randn(k, device="cuda")).bfloat16()
+    # the producer's partials: row sums of squares split unevenly into `count` pieces
+    gen = torch.Generator().manual_seed(count)
+    cuts = sorted(torch.randint(1, k, (count - 1,), generator=gen).tolist())  # repeats: empty pieces
+    pieces = torch.tensor_split(x.double() ** 2, cuts, dim=1)
+    partials = torch.stack([p.sum(1) for p in pieces], 1).float().contiguous()
+    assert partials.shape == (rows, count)
+    out = poison((rows, n), torch.float32)
+    K().gemv_fused(ptr(x), ptr(w), ptr(out), rows, n, k, ptr(norm_w), ptr(partials), count, 1e-5, 0)
+    xd = x.double()
+    xn = xd * torch.rsqrt((xd ** 2).mean(1, keepdim=True) + 1e-5) * norm_w.double()
+    assert rel(out, xn @ w.double().T) < 1e-5
+
+
+@pytest.mark.parametrize("rows,n,k", [(1, 576, 576), (2, 4096, 4096), (8, 2048, 8192), (3, 4096, 14336)])
+def test_gemv_residual_epilogue(rows, n, k):
+    """out += product, and the per-block partials sum to each new row's sum of squares."""
+    x = torch.randn(rows, k, device="cuda")
+    w = (torch.randn(n, k, device="cuda") * 0.02).bfloat16()
+    resid = torch.randn(rows, n, device="cuda")
+    before = resid.clone()
+    blocks = K().gemv_blocks(rows, n, k)
+    partials = poison((rows, blocks), torch.float32)
+    K().gemv_fused(ptr(x), ptr(w), ptr(resid), rows, n, k, 0, 0, 0, 0.0, ptr(partials))
+    want = before.double() + x.double() @ w.double().T
+    assert rel(resid, want) < 1e-6
+    assert rel(partials.double().sum(1), (resid.double() ** 2).sum(1)) < 1e-5
+
+
 @pytest.mark.parametrize("path,rows,n,k", [("gemv", 1, 1001, 576), ("gemv", 3, 4096, 4096), ("gemv", 8, 49152, 576),
                                            ("gemv", 1, 6144, 4096), ("gemv", 2, 4096, 14336), ("gemv", 5, 28672, 4096),
                                            ("gemv", 1, 4097, 1032), ("gemv", 8, 3, 14336),

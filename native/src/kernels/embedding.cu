@@ -7,25 +7,33 @@
 namespace hearth {
 
 __global__ void embedding_kernel(const int32_t* __restrict__ ids, const bf16* __restrict__ table,
-                                 int vocab, int hidden, float* __restrict__ out) {
+                                 int vocab, int hidden, float* __restrict__ out,
+                                 float* __restrict__ sum_squares) {
+  __shared__ float scratch[32];
   pdl_wait();
   pdl_launch_dependents();
   const int t = blockIdx.x;
   const int id = ids[t];
   float* row_out = out + (size_t)t * hidden;
-  if (id < 0 || id >= vocab) {
-    for (int i = threadIdx.x; i < hidden; i += blockDim.x) row_out[i] = 0.f;
-    return;
+  const bool valid = id >= 0 && id < vocab;
+  const bf16* row = table + (size_t)(valid ? id : 0) * hidden;
+  float sq = 0.f;
+  for (int i = threadIdx.x; i < hidden; i += blockDim.x) {
+    const float v = valid ? __bfloat162float(row[i]) : 0.f;
+    row_out[i] = v;
+    sq += v * v;
   }
-  const bf16* row = table + (size_t)id * hidden;
-  for (int i = threadIdx.x; i < hidden; i += blockDim.x) row_out[i] = __bfloat162float(row[i]);
+  if (sum_squares) {  // uniform across the block: every thread reaches block_sum
+    sq = block_sum(sq, scratch);
+    if (threadIdx.x == 0) sum_squares[t] = sq;
+  }
 }
 
 void launch_embedding(const int32_t* ids, int tokens, const bf16* table, int vocab, int hidden,
-                      float* out, cudaStream_t stream) {
+                      float* out, cudaStream_t stream, float* sum_squares) {
   HEARTH_REQUIRE(tokens >= 0 && hidden > 0 && vocab > 0, "embedding: bad shape");
   if (tokens == 0) return;
-  launch_pdl(embedding_kernel, tokens, 256, 0, stream, ids, table, vocab, hidden, out);
+  launch_pdl(embedding_kernel, tokens, 256, 0, stream, ids, table, vocab, hidden, out, sum_squares);
   HEARTH_CHECK_LAUNCH("embedding_kernel");
 }
 

@@ -36,12 +36,33 @@ __device__ __forceinline__ uint4 load_stream(const uint4* p) {
   return v;
 }
 
+// What a GEMV launch does around the product (bits of the kernel's MODE).
+constexpr int kModeSwiglu = 1;    // gate/up pairs combined as silu(gate) * up (launch_gemv_swiglu)
+constexpr int kModeNorm = 2;      // x rows RMS-normalized on the fly (GemvNorm)
+constexpr int kModeResidual = 4;  // out += product, sums of squares of the new rows (GemvResidual)
+
+struct GemvParams {
+  const float* x;
+  const bf16* w;
+  float* out;
+  int n, k;
+  // kModeNorm: x[r] * rsqrt(sum(norm_partials[r, :norm_count]) / k + eps) * norm_weight
+  const bf16* norm_weight;
+  const float* norm_partials;
+  int norm_count;
+  float eps;
+  // kModeResidual: the block's sum of squares of each new out row, at [r, blockIdx.x]
+  float* resid_partials;
+};
+
 // acc[f][r] += dot(8 weights of feature f, x[r, 8c : 8c + 8]) for F features at once: each
 // activation chunk is loaded once (from L1) and used for the F weight rows. The expression per
 // (feature, row) is the same whatever F and R, so a feature's sum does not depend on either.
-template <int R, int F>
+// NORM: the chunk is first normalized as rmsnorm.cu does (x * inv_rms * weight).
+template <int R, int F, bool NORM>
 __device__ __forceinline__ void fma8(const uint4 (&raw)[F], const float* __restrict__ x, int k,
-                                     int c, float (&acc)[F][R]) {
+                                     int c, float (&acc)[F][R], const bf16* __restrict__ norm_w,
+                                     const float* inv_rms) {
   float wf[F][8];
 #pragma unroll
   for (int f = 0; f < F; ++f) {
@@ -53,10 +74,26 @@ __device__ __forceinline__ void fma8(const uint4 (&raw)[F], const float* __restr
       wf[f][2 * e + 1] = v.y;
     }
   }
+  float nw[8];
+  if constexpr (NORM) {
+    const uint4 raw_w = __ldg(reinterpret_cast<const uint4*>(norm_w) + c);
+    const __nv_bfloat162* pairs = reinterpret_cast<const __nv_bfloat162*>(&raw_w);
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const float2 v = __bfloat1622float2(pairs[e]);
+      nw[2 * e] = v.x;
+      nw[2 * e + 1] = v.y;
+    }
+  }
 #pragma unroll
   for (int r = 0; r < R; ++r) {
     const float4* xr = reinterpret_cast<const float4*>(x + (size_t)r * k) + 2 * c;
-    const float4 a = __ldg(xr), b = __ldg(xr + 1);
+    float4 a = __ldg(xr), b = __ldg(xr + 1);
+    if constexpr (NORM) {
+      const float inv = inv_rms[r];
+      a = make_float4(a.x * inv * nw[0], a.y * inv * nw[1], a.z * inv * nw[2], a.w * inv * nw[3]);
+      b = make_float4(b.x * inv * nw[4], b.y * inv * nw[5], b.z * inv * nw[6], b.w * inv * nw[7]);
+    }
 #pragma unroll
     for (int f = 0; f < F; ++f)
       acc[f][r] += wf[f][0] * a.x + wf[f][1] * a.y + wf[f][2] * a.z + wf[f][3] * a.w +
@@ -64,9 +101,6 @@ __device__ __forceinline__ void fma8(const uint4 (&raw)[F], const float* __restr
   }
 }
 
-// Block: kGemvWarps warps = (kGemvWarps / WPR) groups of F output features x WPR warps along k.
-// Every lane walks the chunks c = begin + lane, + 32, ... in ascending order, whatever F: a
-// feature's partial sums, their warp reduction and the fixed-order k-split sum do not depend on F.
 __device__ __forceinline__ void prefetch_l2(const void* p) {
   asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
 }
@@ -83,13 +117,18 @@ __device__ __forceinline__ int weight_row(int v, int n) {
   }
 }
 
-template <int R, int WPR, int F, bool SWIGLU = false>
-__global__ void __launch_bounds__(kGemvThreads) gemv_kernel(const float* __restrict__ x,
-                                                           const bf16* __restrict__ w,
-                                                           float* __restrict__ out, int n, int k) {
+// Block: kGemvWarps warps = (kGemvWarps / WPR) groups of F output features x WPR warps along k.
+// Every lane walks the chunks c = begin + lane, + 32, ... in ascending order, whatever F: a
+// feature's partial sums, their warp reduction and the fixed-order k-split sum do not depend on F.
+template <int R, int WPR, int F, int MODE>
+__global__ void __launch_bounds__(kGemvThreads) gemv_kernel(GemvParams prm) {
+  constexpr bool SWIGLU = MODE & kModeSwiglu, NORM = MODE & kModeNorm, RESID = MODE & kModeResidual;
   constexpr int kGroups = kGemvWarps / WPR;
   constexpr int kPerBlock = kGroups * F;  // output features per block
   constexpr int U = F >= kGemvUnroll ? 1 : kGemvUnroll / F;  // F * U loads in flight per lane
+  const int n = prm.n, k = prm.k;
+  const float* __restrict__ x = prm.x;
+  float* __restrict__ out = prm.out;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int f0 = (blockIdx.x * kGroups + warp / WPR) * F;
   const int part = warp % WPR;
@@ -101,7 +140,7 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(const float* __restr
 #pragma unroll
   for (int f = 0; f < F; ++f)
     wrow[f] = reinterpret_cast<const uint4*>(
-        w + (size_t)weight_row<SWIGLU, kPerBlock>(min(f0 + f, n - 1), n) * k);
+        prm.w + (size_t)weight_row<SWIGLU, kPerBlock>(min(f0 + f, n - 1), n) * k);
   // Weights never change during a forward pass: start their stream before the previous kernel ends.
 #pragma unroll
   for (int u = 0; u < U; ++u)
@@ -110,6 +149,19 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(const float* __restr
       if (begin + lane + 32 * u < end) prefetch_l2(wrow[f] + begin + lane + 32 * u);
   pdl_wait();
   pdl_launch_dependents();
+
+  // NORM: each row's 1 / rms from the producer's per-block sums of squares, summed by one warp per
+  // row in a fixed order (the same whatever the batch).
+  __shared__ float inv_rms[NORM ? R : 1];
+  if constexpr (NORM) {
+    for (int r = warp; r < R; r += kGemvWarps) {
+      float sq = 0.f;
+      for (int i = lane; i < prm.norm_count; i += 32) sq += prm.norm_partials[(size_t)r * prm.norm_count + i];
+      sq = warp_sum(sq);
+      if (lane == 0) inv_rms[r] = rsqrtf(sq / (float)k + prm.eps);
+    }
+    __syncthreads();
+  }
 
   float acc[F][R];
 #pragma unroll
@@ -124,13 +176,14 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(const float* __restr
 #pragma unroll
       for (int f = 0; f < F; ++f) raw[u][f] = load_stream(wrow[f] + c + 32 * u);
 #pragma unroll
-    for (int u = 0; u < U; ++u) fma8<R, F>(raw[u], x, k, c + 32 * u, acc);
+    for (int u = 0; u < U; ++u)
+      fma8<R, F, NORM>(raw[u], x, k, c + 32 * u, acc, prm.norm_weight, inv_rms);
   }
   for (; c < end; c += 32) {
     uint4 raw[F];
 #pragma unroll
     for (int f = 0; f < F; ++f) raw[f] = load_stream(wrow[f] + c);
-    fma8<R, F>(raw, x, k, c, acc);
+    fma8<R, F, NORM>(raw, x, k, c, acc, prm.norm_weight, inv_rms);
   }
 
 #pragma unroll
@@ -139,19 +192,29 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(const float* __restr
     for (int r = 0; r < R; ++r) acc[f][r] = warp_sum(acc[f][r]);
   // SwiGLU: the block's products gather here, then gate and up are combined.
   __shared__ float fused[SWIGLU ? kPerBlock : 1][R];
+  // Residual: each writing lane's sum of squares of its new values, per row.
+  float sq[RESID ? R : 1] = {};
   const int local0 = f0 - blockIdx.x * kPerBlock;
+  // The one place a finished product goes.
+  auto emit = [&](int f, int r, float v) {
+    if constexpr (SWIGLU) {
+      fused[local0 + f][r] = v;
+    } else if constexpr (RESID) {
+      float* o = out + (size_t)r * n + f0 + f;
+      const float nv = *o + v;
+      *o = nv;
+      sq[r] += nv * nv;
+    } else {
+      out[(size_t)r * n + f0 + f] = v;
+    }
+  };
   if constexpr (WPR == 1) {
     if (lane == 0)
 #pragma unroll
       for (int f = 0; f < F; ++f)
         if (f0 + f < n)
 #pragma unroll
-          for (int r = 0; r < R; ++r) {
-            if constexpr (SWIGLU)
-              fused[local0 + f][r] = acc[f][r];
-            else
-              out[(size_t)r * n + f0 + f] = acc[f][r];
-          }
+          for (int r = 0; r < R; ++r) emit(f, r, acc[f][r]);
   } else {
     __shared__ float partial[kGemvWarps][F][R];
     if (lane == 0)
@@ -167,10 +230,13 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(const float* __restr
         float v = 0.f;
 #pragma unroll
         for (int p = 0; p < WPR; ++p) v += partial[warp + p][f][r];
-        if constexpr (SWIGLU)
-          fused[local0 + f][r] = v;
-        else
-          out[(size_t)r * n + f0 + f] = v;
+        if constexpr (RESID) {  // r is not a compile-time index here
+#pragma unroll
+          for (int rr = 0; rr < R; ++rr)
+            if (rr == r) emit(f, rr, v);
+        } else {
+          emit(f, r, v);
+        }
       }
     }
   }
@@ -183,35 +249,74 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(const float* __restr
       out[(size_t)r * inter + blockIdx.x * (kPerBlock / 2) + j] = g / (1.f + expf(-g)) * u;
     }
   }
-}
-
-template <int R, int F, bool SWIGLU>
-void launch_rows(const float* x, const bf16* w, float* out, int n, int k, int wpr,
-                 cudaStream_t stream) {
-  const int per_block = kGemvWarps / wpr * F;  // output features per block
-  const int blocks = (int)(((size_t)n + per_block - 1) / per_block);
-  switch (wpr) {
-#define HEARTH_GEMV_WPR(W)                                                                  \
-  case W:                                                                                  \
-    launch_pdl(gemv_kernel<R, W, F, SWIGLU>, blocks, kGemvThreads, 0, stream, x, w, out, n, k); \
-    break;
-    HEARTH_GEMV_WPR(1) HEARTH_GEMV_WPR(2) HEARTH_GEMV_WPR(4)
-    default: launch_pdl(gemv_kernel<R, 8, F, SWIGLU>, blocks, kGemvThreads, 0, stream, x, w, out, n, k);
-#undef HEARTH_GEMV_WPR
+  if constexpr (RESID) {  // the block's sums of squares, in warp order
+    __shared__ float sq_warp[kGemvWarps][R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      const float v = warp_sum(sq[r]);
+      if (lane == 0) sq_warp[warp][r] = v;
+    }
+    __syncthreads();
+    if (threadIdx.x < R) {
+      float v = 0.f;
+#pragma unroll
+      for (int w = 0; w < kGemvWarps; ++w) v += sq_warp[w][threadIdx.x];
+      prm.resid_partials[(size_t)threadIdx.x * gridDim.x + blockIdx.x] = v;
+    }
   }
 }
 
-template <int R, bool SWIGLU = false>
-void launch_rows(const float* x, const bf16* w, float* out, int n, int k, int wpr, int features,
-                 cudaStream_t stream) {
+template <int R, int F, int MODE>
+void launch_rows(const GemvParams& prm, int wpr, cudaStream_t stream) {
+  const int per_block = kGemvWarps / wpr * F;  // output features per block
+  const int blocks = (int)(((size_t)prm.n + per_block - 1) / per_block);
+  switch (wpr) {
+    case 1: launch_pdl(gemv_kernel<R, 1, F, MODE>, blocks, kGemvThreads, 0, stream, prm); break;
+    case 2: launch_pdl(gemv_kernel<R, 2, F, MODE>, blocks, kGemvThreads, 0, stream, prm); break;
+    case 4: launch_pdl(gemv_kernel<R, 4, F, MODE>, blocks, kGemvThreads, 0, stream, prm); break;
+    default: launch_pdl(gemv_kernel<R, 8, F, MODE>, blocks, kGemvThreads, 0, stream, prm); break;
+  }
+}
+
+template <int R, int MODE>
+void launch_rows(const GemvParams& prm, int wpr, int features, cudaStream_t stream) {
   if constexpr (R == 1) {
-    launch_rows<1, 1, SWIGLU>(x, w, out, n, k, wpr, stream);
+    launch_rows<1, 1, MODE>(prm, wpr, stream);
   } else {
     if (features >= 4)
-      launch_rows<R, 4, SWIGLU>(x, w, out, n, k, wpr, stream);
+      launch_rows<R, 4, MODE>(prm, wpr, stream);
     else
-      launch_rows<R, 1, SWIGLU>(x, w, out, n, k, wpr, stream);
+      launch_rows<R, 1, MODE>(prm, wpr, stream);
   }
+}
+
+template <int MODE>
+void launch_mode(const GemvParams& prm, int rows, int wpr, int features, cudaStream_t stream) {
+  switch (rows) {
+    case 1: launch_rows<1, MODE>(prm, wpr, features, stream); break;
+    case 2: launch_rows<2, MODE>(prm, wpr, features, stream); break;
+    case 3: launch_rows<3, MODE>(prm, wpr, features, stream); break;
+    case 4: launch_rows<4, MODE>(prm, wpr, features, stream); break;
+    case 5: launch_rows<5, MODE>(prm, wpr, features, stream); break;
+    case 6: launch_rows<6, MODE>(prm, wpr, features, stream); break;
+    case 7: launch_rows<7, MODE>(prm, wpr, features, stream); break;
+    default: launch_rows<8, MODE>(prm, wpr, features, stream); break;
+  }
+}
+
+// The product of one launch, any mode; n is the number of products (2 * inter for SwiGLU).
+void launch_any(const GemvParams& prm, int rows, int mode, cudaStream_t stream) {
+  const int wpr = gemv_warps_per_row(prm.n, prm.k);
+  const int features = gemv_features_per_warp(rows);
+  switch (mode) {
+    case 0: launch_mode<0>(prm, rows, wpr, features, stream); break;
+    case kModeSwiglu: launch_mode<kModeSwiglu>(prm, rows, wpr, features, stream); break;
+    case kModeNorm: launch_mode<kModeNorm>(prm, rows, wpr, features, stream); break;
+    case kModeNorm | kModeSwiglu: launch_mode<kModeNorm | kModeSwiglu>(prm, rows, wpr, features, stream); break;
+    case kModeResidual: launch_mode<kModeResidual>(prm, rows, wpr, features, stream); break;
+    default: throw std::invalid_argument("gemv: unsupported combination of fusions");
+  }
+  HEARTH_CHECK_LAUNCH("gemv_kernel");
 }
 
 }  // namespace
@@ -231,20 +336,31 @@ int gemv_features_per_warp(int rows) {
   return (v && std::atoi(v) == 1) ? 1 : 4;
 }
 
+int gemv_blocks(int rows, int n, int k) {
+  const int per_block = kGemvWarps / gemv_warps_per_row(n, k) * gemv_features_per_warp(rows);
+  return (n + per_block - 1) / per_block;
+}
+
 void launch_gemv(const float* x, const bf16* w, float* out, int rows, int n, int k,
-                 cudaStream_t stream) {
+                 cudaStream_t stream, const GemvNorm* norm, const GemvResidual* residual) {
   HEARTH_REQUIRE(rows >= 1 && rows <= kGemvMaxRows && n > 0 && k > 0, "gemv: bad shape");
   HEARTH_REQUIRE(k % 8 == 0, "gemv: k must be a multiple of 8");
-  const int wpr = gemv_warps_per_row(n, k);
-  const int features = gemv_features_per_warp(rows);
-  switch (rows) {
-#define HEARTH_GEMV_CASE(R) \
-  case R: launch_rows<R>(x, w, out, n, k, wpr, features, stream); break;
-    HEARTH_GEMV_CASE(1) HEARTH_GEMV_CASE(2) HEARTH_GEMV_CASE(3) HEARTH_GEMV_CASE(4)
-    HEARTH_GEMV_CASE(5) HEARTH_GEMV_CASE(6) HEARTH_GEMV_CASE(7) HEARTH_GEMV_CASE(8)
-#undef HEARTH_GEMV_CASE
+  GemvParams prm{x, w, out, n, k, nullptr, nullptr, 0, 0.f, nullptr};
+  int mode = 0;
+  if (norm) {
+    HEARTH_REQUIRE(norm->weight && norm->partials && norm->count > 0, "gemv: bad norm fusion");
+    prm.norm_weight = norm->weight;
+    prm.norm_partials = norm->partials;
+    prm.norm_count = norm->count;
+    prm.eps = norm->eps;
+    mode |= kModeNorm;
   }
-  HEARTH_CHECK_LAUNCH("gemv_kernel");
+  if (residual) {
+    HEARTH_REQUIRE(residual->partials && !norm, "gemv: bad residual fusion");
+    prm.resid_partials = residual->partials;
+    mode |= kModeResidual;
+  }
+  launch_any(prm, rows, mode, stream);
 }
 
 bool gemv_swiglu_supported(int rows, int inter, int k) {
@@ -254,20 +370,20 @@ bool gemv_swiglu_supported(int rows, int inter, int k) {
 }
 
 void launch_gemv_swiglu(const float* x, const bf16* w_gate_up, float* out, int rows, int inter,
-                        int k, cudaStream_t stream) {
+                        int k, cudaStream_t stream, const GemvNorm* norm) {
   HEARTH_REQUIRE(gemv_swiglu_supported(rows, inter, k),
                  "gemv_swiglu: shape not supported (check gemv_swiglu_supported first)");
-  const int n = 2 * inter;
-  const int wpr = gemv_warps_per_row(n, k);
-  const int features = gemv_features_per_warp(rows);
-  switch (rows) {
-#define HEARTH_GEMV_CASE(R) \
-  case R: launch_rows<R, true>(x, w_gate_up, out, n, k, wpr, features, stream); break;
-    HEARTH_GEMV_CASE(1) HEARTH_GEMV_CASE(2) HEARTH_GEMV_CASE(3) HEARTH_GEMV_CASE(4)
-    HEARTH_GEMV_CASE(5) HEARTH_GEMV_CASE(6) HEARTH_GEMV_CASE(7) HEARTH_GEMV_CASE(8)
-#undef HEARTH_GEMV_CASE
+  GemvParams prm{x, w_gate_up, out, 2 * inter, k, nullptr, nullptr, 0, 0.f, nullptr};
+  int mode = kModeSwiglu;
+  if (norm) {
+    HEARTH_REQUIRE(norm->weight && norm->partials && norm->count > 0, "gemv: bad norm fusion");
+    prm.norm_weight = norm->weight;
+    prm.norm_partials = norm->partials;
+    prm.norm_count = norm->count;
+    prm.eps = norm->eps;
+    mode |= kModeNorm;
   }
-  HEARTH_CHECK_LAUNCH("gemv_kernel (swiglu)");
+  launch_any(prm, rows, mode, stream);
 }
 
 }  // namespace hearth

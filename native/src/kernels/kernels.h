@@ -10,9 +10,10 @@
 namespace hearth {
 using bf16 = __nv_bfloat16;
 
-// embedding.cu: out[t, :] = float(table[ids[t], :]).
+// embedding.cu: out[t, :] = float(table[ids[t], :]); with `sum_squares`, also each row's sum of
+// squares at sum_squares[t] (the partials a GemvNorm reads, count 1).
 void launch_embedding(const int32_t* ids, int tokens, const bf16* table, int vocab, int hidden,
-                      float* out, cudaStream_t stream);
+                      float* out, cudaStream_t stream, float* sum_squares = nullptr);
 
 // rmsnorm.cu: residual += delta (when delta != nullptr), then
 // out = residual * rsqrt(mean(residual^2) + eps) * weight, per row (fp32).
@@ -85,9 +86,25 @@ void launch_swiglu(const float* gate_up, float* out, int rows, int inter, cudaSt
 
 // Activations stay fp32 between ops; weights are bf16; products accumulate in fp32.
 // gemv.cu: out [rows, n] fp32 = x [rows, k] fp32 @ w [n, k]^T bf16, rows <= kGemvMaxRows.
+// Optional fusions, so a decode layer needs no RMSNorm kernel:
+//  - norm: x is the residual stream, normalized on the fly as rmsnorm.cu does, its rows' 1 / rms
+//    taken from the sums of squares its producer left in `partials` [rows, count];
+//  - residual: out is the residual stream and gets out += product; the launch leaves each row's
+//    per-block sums of squares of the new values in `partials` [rows, gemv_blocks(rows, n, k)].
 constexpr int kGemvMaxRows = 8;
+struct GemvNorm {
+  const bf16* weight;      // [k]
+  const float* partials;   // [rows, count]
+  int count;
+  float eps;
+};
+struct GemvResidual {
+  float* partials;         // [rows, gemv_blocks(rows, n, k)]
+};
 void launch_gemv(const float* x, const bf16* w, float* out, int rows, int n, int k,
-                 cudaStream_t stream);
+                 cudaStream_t stream, const GemvNorm* norm = nullptr,
+                 const GemvResidual* residual = nullptr);
+int gemv_blocks(int rows, int n, int k);  // blocks of one launch: the residual partials per row
 int gemv_warps_per_row(int n, int k);  // the k-split the GEMV uses for this shape (1, 2, 4 or 8)
 // Output features per warp pass: 1 at one row; 4 at 2-8 rows unless HEARTH_GEMV_FEATURES=1.
 int gemv_features_per_warp(int rows);
@@ -96,7 +113,7 @@ int gemv_features_per_warp(int rows);
 // `out` must not alias `x`. Only where gemv_swiglu_supported (block-aligned gate/up pairs).
 bool gemv_swiglu_supported(int rows, int inter, int k);
 void launch_gemv_swiglu(const float* x, const bf16* w_gate_up, float* out, int rows, int inter,
-                        int k, cudaStream_t stream);
+                        int k, cudaStream_t stream, const GemvNorm* norm = nullptr);
 
 // gemm.cu: the same product for many rows, through cuBLASLt (loaded at first use) on bf16 tensor
 // cores, x split into two bf16 operands x = hi + lo (split: 2*rows*k bf16 of scratch) so the

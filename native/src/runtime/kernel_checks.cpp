@@ -91,6 +91,16 @@ void swiglu(uintptr_t gate_up, uintptr_t out, int rows, int inter) {
   sync();
 }
 
+void gemv_fused(uintptr_t x, uintptr_t w, uintptr_t out, int rows, int n, int k,
+                uintptr_t norm_weight, uintptr_t norm_partials, int norm_count, float eps,
+                uintptr_t residual_partials) {
+  const GemvNorm norm{P<const bf16>(norm_weight), P<const float>(norm_partials), norm_count, eps};
+  const GemvResidual residual{P<float>(residual_partials)};
+  launch_gemv(P<const float>(x), P<const bf16>(w), P<float>(out), rows, n, k, 0,
+              norm_weight ? &norm : nullptr, residual_partials ? &residual : nullptr);
+  sync();
+}
+
 bool gemv_swiglu(uintptr_t x, uintptr_t w_gate_up, uintptr_t out, int rows, int inter, int k) {
   if (!gemv_swiglu_supported(rows, inter, k)) return false;
   launch_gemv_swiglu(P<const float>(x), P<const bf16>(w_gate_up), P<float>(out), rows, inter, k, 0);

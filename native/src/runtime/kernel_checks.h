@@ -25,6 +25,10 @@ void paged_attention(const std::string& mode, uintptr_t q, uintptr_t k_cache, ui
                      int rows, int heads, int kv_heads, int head_dim, int block_size,
                      int max_blocks, float scale, int split_len);
 void swiglu(uintptr_t gate_up, uintptr_t out, int rows, int inter);
+// The GEMV with its RMSNorm prologue (norm_weight != 0) or residual epilogue (residual_partials != 0).
+void gemv_fused(uintptr_t x, uintptr_t w, uintptr_t out, int rows, int n, int k,
+                uintptr_t norm_weight, uintptr_t norm_partials, int norm_count, float eps,
+                uintptr_t residual_partials);
 // False (nothing launched) where the fused gate/up + SwiGLU GEMV does not take the shape.
 bool gemv_swiglu(uintptr_t x, uintptr_t w_gate_up, uintptr_t out, int rows, int inter, int k);
 // path "gemv", "gemm" (cuBLASLt when loadable) or "tiled".

@@ -116,6 +116,8 @@ Model::Model(const ModelConfig& config, const CacheConfig& cache) : cfg_(config)
                                      : GemmActivations::Stacked;
     const char* f = std::getenv("HEARTH_GEMV_SWIGLU");
     gemv_swiglu_ = !(f && std::string(f) == "0");
+    const char* nrm = std::getenv("HEARTH_GEMV_NORM");
+    gemv_norm_ = !(nrm && std::string(nrm) == "0");
   }
   HEARTH_CUDA(cudaSetDevice(0));
   plan_memory();
@@ -160,7 +162,9 @@ void Model::plan_memory() {
       (5 * C + std::max<size_t>(B, 1) * cache_.max_sequence_blocks) * 4, lt_workspace_bytes_,
       2 * C * xn_width * 2, std::max<size_t>(B, 1) * cfg_.heads * 4,
       // the stacked decode product's [2 rows, n] output, for buckets past the GEMV
-      B > (size_t)kGemvMaxRows ? 2 * B * std::max({(size_t)qkv_size_, 2 * I, H, V}) * 4 : 0};
+      B > (size_t)kGemvMaxRows ? 2 * B * std::max({(size_t)qkv_size_, 2 * I, H, V}) * 4 : 0,
+      // per-block sums of squares of the residual rows (fused RMSNorm): at most one per output
+      (size_t)kGemvMaxRows * H * 4};
   size_t workspace_bytes = 0;
   for (size_t& p : parts) p = align_up(p, 256), workspace_bytes += p;
 
@@ -232,7 +236,9 @@ void Model::plan_memory() {
   split_ = reinterpret_cast<bf16*>(next());
   attn_counters_ = reinterpret_cast<int*>(next());
   HEARTH_CUDA(cudaMemset(attn_counters_, 0, parts[i - 1]));
-  stacked_ = parts[i] ? reinterpret_cast<float*>(next()) : nullptr;
+  stacked_ = reinterpret_cast<float*>(next());
+  if (parts[i - 1] == 0) stacked_ = nullptr;  // max_batch <= kGemvMaxRows: never a decode GEMM
+  norm_parts_ = reinterpret_cast<float*>(next());
 
   HEARTH_CUDA(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   HEARTH_CUDA(cudaEventCreateWithFlags(&meta_done_, cudaEventDisableTiming));
@@ -623,11 +629,22 @@ void Model::run_layers(int T, int table_stride, bool decode_mode, int logit_firs
   const int32_t* d_tables = meta_ + 5 * T;
 
   in_decode_ = decode_mode;
-  launch_embedding(d_ids, T, embed_, V, H, resid_, stream_);
+  // Up to kGemvMaxRows rows: RMSNorm lives in the GEMVs (o / down add into the residual stream and
+  // leave its sums of squares; qkv / gate-up / lm_head normalize on the fly): no norm kernels.
+  const bool fused_norm = gemv_norm_ && T <= kGemvMaxRows && H % 8 == 0 && q_size_ % 8 == 0 &&
+                          I % 8 == 0;
+  launch_embedding(d_ids, T, embed_, V, H, resid_, stream_, fused_norm ? norm_parts_ : nullptr);
+  int norm_count = 1;  // partial sums of squares per row in norm_parts_
+  const GemvResidual into_residual{norm_parts_};
   for (int l = 0; l < cfg_.layers; ++l) {
     const LayerWeights& lw = layers_[l];
-    launch_rmsnorm_residual(resid_, l == 0 ? nullptr : delta_, lw.attn_norm, xn_, T, H, cfg_.rms_eps, stream_);
-    matmul(xn_, lw.wqkv, qkv_, T, qkv_size_, H);
+    if (fused_norm) {
+      const GemvNorm norm{lw.attn_norm, norm_parts_, norm_count, cfg_.rms_eps};
+      launch_gemv(resid_, lw.wqkv, qkv_, T, qkv_size_, H, stream_, &norm);
+    } else {
+      launch_rmsnorm_residual(resid_, l == 0 ? nullptr : delta_, lw.attn_norm, xn_, T, H, cfg_.rms_eps, stream_);
+      matmul(xn_, lw.wqkv, qkv_, T, qkv_size_, H);
+    }
     if (lw.bqkv) launch_add_bias(qkv_, lw.bqkv, T, qkv_size_, stream_);
     if (lw.q_norm) {
       launch_head_rmsnorm(qkv_, T, qkv_size_, 0, cfg_.heads, hd, lw.q_norm, cfg_.rms_eps, stream_);
@@ -646,6 +663,22 @@ void Model::run_layers(int T, int table_stride, bool decode_mode, int logit_firs
       const PrefillSplitWork work{part_ml_, part_acc_, part_rows_, step_max_kv_};
       launch_prefill_attention(att, stream_, prefill_ksplit_ && step_max_kv_ > 0 ? &work : nullptr);
     }
+    if (fused_norm) {
+      launch_gemv(xn_, lw.wo, resid_, T, H, q_size_, stream_, nullptr, &into_residual);
+      norm_count = gemv_blocks(T, H, q_size_);
+      const GemvNorm norm{lw.mlp_norm, norm_parts_, norm_count, cfg_.rms_eps};
+      const float* mlp_in = gate_up_;
+      if (gemv_swiglu_ && gemv_swiglu_supported(T, I, H)) {
+        launch_gemv_swiglu(resid_, lw.wgu, gate_up_, T, I, H, stream_, &norm);
+      } else {
+        launch_gemv(resid_, lw.wgu, gate_up_, T, 2 * I, H, stream_, &norm);
+        launch_swiglu(gate_up_, xn_, T, I, stream_);
+        mlp_in = xn_;
+      }
+      launch_gemv(mlp_in, lw.wdown, resid_, T, H, I, stream_, nullptr, &into_residual);
+      norm_count = gemv_blocks(T, H, I);
+      continue;
+    }
     matmul(xn_, lw.wo, delta_, T, H, q_size_);
     launch_rmsnorm_residual(resid_, delta_, lw.mlp_norm, xn_, T, H, cfg_.rms_eps, stream_);
     if (gemv_swiglu_ && T <= kGemvMaxRows && gemv_swiglu_supported(T, I, H)) {
@@ -659,6 +692,12 @@ void Model::run_layers(int T, int table_stride, bool decode_mode, int logit_firs
   }
   if (logit_count == 0) return;
   const size_t first = (size_t)logit_first * H;
+  if (fused_norm) {
+    const GemvNorm norm{final_norm_, norm_parts_ + (size_t)logit_first * norm_count, norm_count,
+                        cfg_.rms_eps};
+    launch_gemv(resid_ + first, lm_head_, logits_, logit_count, V, H, stream_, &norm);
+    return;
+  }
   launch_rmsnorm_residual(resid_ + first, delta_ + first, final_norm_, xn_, logit_count, H,
                           cfg_.rms_eps, stream_);
   matmul(xn_, lm_head_, logits_, logit_count, V, H);
