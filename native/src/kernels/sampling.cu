@@ -53,7 +53,11 @@ sample_kernel(const float* __restrict__ logits, int vocab, const SampleRow* __re
   const float* lg = logits + (size_t)row * vocab;
   float* x = work + (size_t)row * vocab;
 
-  for (int i = tid; i < vocab; i += blockDim.x) x[i] = lg[i];
+  // Greedy without a penalty reads the logits where they are (the copy was half of its time).
+  const bool in_place = prm.greedy && prm.penalty == 1.f;
+  if (in_place) x = const_cast<float*>(lg);  // only read below
+  else
+    for (int i = tid; i < vocab; i += blockDim.x) x[i] = lg[i];
   __syncthreads();
   if (prm.penalty != 1.f) {
     for (int j = tid; j < prm.hist_count; j += blockDim.x) {
@@ -67,8 +71,11 @@ sample_kernel(const float* __restrict__ logits, int vocab, const SampleRow* __re
   if (prm.greedy) {
     float bv = -INFINITY;
     int bi = vocab;
-    for (int i = tid; i < vocab; i += blockDim.x)
-      if (x[i] > bv || bi == vocab) { bv = x[i]; bi = i; }
+#pragma unroll 8
+    for (int i = tid; i < vocab; i += blockDim.x) {
+      const float v = x[i];
+      if (v > bv || bi == vocab) { bv = v; bi = i; }
+    }
     best_v[tid] = bv;
     best_i[tid] = bi;
     __syncthreads();
