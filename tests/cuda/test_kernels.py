@@ -150,7 +150,7 @@ def _attention_ref(q, kc, vc, table, n, heads, kvh, hd, bs=16):
 
 @pytest.mark.parametrize("lens,heads,kvh,hd", [([1], 4, 4, 64), ([17, 300], 9, 3, 64), ([4099, 1, 640], 32, 8, 128),
                                                ([1000], 16, 8, 96)])
-@pytest.mark.parametrize("split_len", [128, 0])  # 0: each row picks its own pieces (graph path)
+@pytest.mark.parametrize("split_len", [160, 0])  # 0: each row picks its own pieces (graph path)
 def test_decode_attention(lens, heads, kvh, hd, split_len):
     kc, vc, tables, max_blocks = _attention_case(lens, heads, kvh, hd)
     rows = len(lens)
@@ -162,6 +162,28 @@ def test_decode_attention(lens, heads, kvh, hd, split_len):
                         rows, heads, kvh, hd, 16, max_blocks, 1 / math.sqrt(hd), split_len)
     for r, n in enumerate(lens):
         assert rel(out[r], _attention_ref(q[r], kc, vc, tables[r], n, heads, kvh, hd)) < 1e-5
+
+
+def test_decode_attention_rows_do_not_depend_on_batch():
+    """A row's output is bit-identical alone and among 40 rows (fewer blocks per (row, head) walk
+    more pieces each): batched decoding equals unbatched decoding."""
+    heads, kvh, hd = 32, 8, 128
+    lens = [4099, 1, 300, 257, 2000] * 8
+    kc, vc, tables, max_blocks = _attention_case(lens, heads, kvh, hd)
+    rows = len(lens)
+    q = torch.randn(rows, heads * hd, device="cuda")
+    kv_lens = torch.tensor(lens, device="cuda", dtype=torch.int32)
+    row_table = torch.arange(rows, device="cuda", dtype=torch.int32)
+    together = poison((rows, heads * hd), torch.float32)
+    K().paged_attention("decode", ptr(q), ptr(kc), ptr(vc), ptr(tables), ptr(row_table), ptr(kv_lens),
+                        ptr(together), rows, heads, kvh, hd, 16, max_blocks, 1 / math.sqrt(hd), 0)
+    for r in range(5):
+        alone = poison((1, heads * hd), torch.float32)
+        K().paged_attention("decode", ptr(q[r]), ptr(kc), ptr(vc), ptr(tables), ptr(row_table[r:r + 1]),
+                            ptr(kv_lens[r:r + 1]), ptr(alone), 1, heads, kvh, hd, 16, max_blocks,
+                            1 / math.sqrt(hd), 0)
+        assert torch.equal(alone[0], together[r])
+        assert rel(alone[0], _attention_ref(q[r], kc, vc, tables[r], lens[r], heads, kvh, hd)) < 1e-5
 
 
 @pytest.mark.parametrize("start,n,heads,kvh,hd", [(0, 1, 4, 2, 64), (0, 37, 9, 3, 64), (100, 65, 16, 8, 128),

@@ -51,11 +51,11 @@ __device__ __forceinline__ void fold_key_chunk(SoftmaxState<HD>& st, const float
   st.m = new_m;
 #pragma unroll
   for (int r = 0; r < HD / 32; ++r) st.acc[r] *= corr;
-  // Values in groups of kValueGroup keys: the group's loads are issued together, then summed in key
-  // order (one key at a time, they were a chain of dependent global loads: ~16 us per chunk of 32
-  // keys, most of a short-context decode step). Keys past n_valid in the last group add
-  // 0 * (the chunk's first value), so the sum is the same as stopping at n_valid.
-  constexpr int kValueGroup = 8;
+  // Values in groups of kValueGroup keys (the whole chunk up to head size 64): the group's loads
+  // are issued together, then summed in key order (one key at a time they were a chain of
+  // dependent global loads). Keys past n_valid in the last group add 0 * (the chunk's first
+  // value), so the sum is the same as stopping at n_valid.
+  constexpr int kValueGroup = HD <= 64 ? 32 : HD <= 128 ? 16 : 8;
   for (int j0 = 0; j0 < n_valid; j0 += kValueGroup) {
     float pj[kValueGroup], vj[kValueGroup][HD / 32];
 #pragma unroll

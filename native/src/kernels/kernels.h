@@ -53,10 +53,12 @@ struct PagedAttention {
 // (partials: [rows, heads, max_splits] m and l, [rows, heads, max_splits, hd] acc), merged by the
 // last piece's block in the same kernel. `counters`: rows * heads ints, zero before the first
 // launch; each launch leaves them zero. split_len 0: each row picks its own from its kv_len
-// (max(128, kv_len / max_splits rounded up to 32)).
+// (max(256, kv_len / max_splits rounded up to 32)); a given split_len times max_splits (<= 32)
+// must cover every row. decode_attention_grid_splits: the blocks per (row, head) of a launch.
 void launch_decode_attention(const PagedAttention& p, int split_len, int max_splits,
                              float* partial_ml, float* partial_acc, int* counters,
                              cudaStream_t stream);
+int decode_attention_grid_splits(int rows, int heads, int max_splits);
 
 // attention_prefill.cu: many queries (a prompt chunk) attending causally to the paged cache.
 // launch_prefill_attention picks the variant from HEARTH_PREFILL_ATTN: tc (default: tensor cores,

@@ -69,7 +69,7 @@ void paged_attention(const std::string& mode, uintptr_t q, uintptr_t k_cache, ui
   } else if (mode == "prefill_scalar") {
     launch_prefill_attention_scalar(p, 0);
   } else if (mode == "decode") {
-    const int max_splits = 64;
+    const int max_splits = 32;  // split_len * 32 must cover the longest row
     DeviceBuffer ml((size_t)rows * heads * max_splits * 2 * 4, "attention partials");
     DeviceBuffer acc((size_t)rows * heads * max_splits * head_dim * 4, "attention partials");
     DeviceBuffer counters((size_t)rows * heads * 4, "attention counters");
