@@ -191,6 +191,7 @@ void bind_runtime(py::module_& m) {
         py::arg("head_dim"), py::arg("max_kv_len"), py::arg("part_rows"));
   k.def("swiglu", &c::swiglu, release());
   k.def("gemv_swiglu", &c::gemv_swiglu, release());
+  k.def("decode_attention_launch", &c::decode_attention_launch, release());
   k.def("gemv_fused", &c::gemv_fused, release());
   k.def("gemv_blocks", &hearth::gemv_blocks, py::arg("rows"), py::arg("n"), py::arg("k"));
   k.def("matmul", &c::matmul, release());

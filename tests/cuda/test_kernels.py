@@ -186,6 +186,62 @@ def test_decode_attention_rows_do_not_depend_on_batch():
         assert rel(alone[0], _attention_ref(q[r], kc, vc, tables[r], lens[r], heads, kvh, hd)) < 1e-5
 
 
+@pytest.mark.parametrize("name,rows,heads,kvh,hd,kv", [("135M b1", 1, 9, 3, 64, 256), ("8B b1", 1, 32, 8, 128, 256),
+                                                      ("8B b64", 64, 32, 8, 128, 144), ("8B b1 4k", 1, 32, 8, 128, 4096)])
+def test_decode_attention_latency(name, rows, heads, kvh, hd, kv):
+    """Prints the decode attention's GPU time per launch back to back (warm caches; the launches are
+    queued behind a GPU sleep so the host's launch cost is not what is timed) and right after a
+    1 GiB read (cold caches and TLB, as after a layer's GEMVs), with the cache compact or spread
+    over an 8 GiB pool; checks the output once. A diagnostic for docs/PERF_NOTES.md, not a speed
+    assertion."""
+    bs = 16
+    blocks = -(-kv // bs)
+    results = {}
+    for pool in ("compact", "spread"):
+        total = rows * blocks + 1 if pool == "compact" else max(rows * blocks + 1, (8 << 30) // (bs * kvh * hd * 2 * 2))
+        kc = torch.empty(total * bs, kvh, hd, device="cuda", dtype=torch.bfloat16).normal_()
+        vc = torch.empty_like(kc).normal_()
+        ids = torch.randperm(total, device="cuda")[:rows * blocks].int().view(rows, blocks).contiguous()
+        q = torch.randn(rows, heads * hd, device="cuda")
+        kv_lens = torch.full((rows,), kv, device="cuda", dtype=torch.int32)
+        row_table = torch.arange(rows, device="cuda", dtype=torch.int32)
+        out = poison((rows, heads * hd), torch.float32)
+        ml = torch.empty(rows * heads * 32 * 2, device="cuda")
+        acc = torch.empty(rows * heads * 32 * hd, device="cuda")
+        counters = torch.zeros(rows * heads, device="cuda", dtype=torch.int32)
+        flush = torch.empty(1 << 29, device="cuda", dtype=torch.bfloat16).normal_()
+
+        def launch():
+            K().decode_attention_launch(ptr(q), ptr(kc), ptr(vc), ptr(ids), ptr(row_table), ptr(kv_lens), ptr(out),
+                                        rows, heads, kvh, hd, bs, blocks, 1 / math.sqrt(hd), ptr(ml), ptr(acc),
+                                        ptr(counters))
+
+        launch()
+        torch.cuda.synchronize()
+        assert rel(out[0], _attention_ref(q[0], kc, vc, ids[0], kv, heads, kvh, hd)) < 1e-5
+        t0, t1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda._sleep(20_000_000)  # ~10 ms of GPU time: the 50 launches below queue up behind it
+        t0.record()
+        for _ in range(50):
+            launch()
+        t1.record()
+        torch.cuda.synchronize()
+        results[f"{pool} back-to-back"] = t0.elapsed_time(t1) / 50 * 1e3
+        cold = []
+        for _ in range(10):
+            flush.sum(dtype=torch.float32)
+            t0.record()
+            launch()
+            t1.record()
+            torch.cuda.synchronize()
+            cold.append(t0.elapsed_time(t1) * 1e3)
+        results[f"{pool} after 1 GiB read"] = sorted(cold)[len(cold) // 2]
+        del kc, vc, flush
+        torch.cuda.empty_cache()
+    print(f"\n[decode attention {name}: rows {rows}, heads {heads}/{kvh}, hd {hd}, kv {kv}] " +
+          ", ".join(f"{k} {v:.1f} us" for k, v in results.items()))
+
+
 @pytest.mark.parametrize("start,n,heads,kvh,hd", [(0, 1, 4, 2, 64), (0, 37, 9, 3, 64), (100, 65, 16, 8, 128),
                                                   (7, 13, 32, 8, 128)])
 def test_prefill_attention(start, n, heads, kvh, hd):

@@ -129,6 +129,18 @@ void matmul(const std::string& path, uintptr_t x, uintptr_t w, uintptr_t out, in
   sync();
 }
 
+void decode_attention_launch(uintptr_t q, uintptr_t k_cache, uintptr_t v_cache,
+                             uintptr_t block_tables, uintptr_t row_table, uintptr_t kv_lens,
+                             uintptr_t out, int rows, int heads, int kv_heads, int head_dim,
+                             int block_size, int max_blocks, float scale, uintptr_t part_ml,
+                             uintptr_t part_acc, uintptr_t counters) {
+  PagedAttention p{P<const float>(q), P<const bf16>(k_cache), P<const bf16>(v_cache),
+                   P<const int32_t>(block_tables), P<const int32_t>(row_table),
+                   P<const int32_t>(kv_lens), P<float>(out), rows, heads, kv_heads, head_dim,
+                   block_size, max_blocks, scale};
+  launch_decode_attention(p, 0, 32, P<float>(part_ml), P<float>(part_acc), P<int>(counters), 0);
+}
+
 double gemv_seconds(uintptr_t x, uintptr_t w, uintptr_t out, int rows, int n, int k, int copies,
                     int reps) {
   HEARTH_REQUIRE(copies > 0 && reps > 0, "gemv_seconds: copies and reps must be positive");

@@ -29,6 +29,13 @@ void swiglu(uintptr_t gate_up, uintptr_t out, int rows, int inter);
 void gemv_fused(uintptr_t x, uintptr_t w, uintptr_t out, int rows, int n, int k,
                 uintptr_t norm_weight, uintptr_t norm_partials, int norm_count, float eps,
                 uintptr_t residual_partials);
+// One decode-attention launch on the default stream, no synchronization (timed by the caller);
+// max_splits 32; part_ml / part_acc / counters as launch_decode_attention wants them.
+void decode_attention_launch(uintptr_t q, uintptr_t k_cache, uintptr_t v_cache,
+                             uintptr_t block_tables, uintptr_t row_table, uintptr_t kv_lens,
+                             uintptr_t out, int rows, int heads, int kv_heads, int head_dim,
+                             int block_size, int max_blocks, float scale, uintptr_t part_ml,
+                             uintptr_t part_acc, uintptr_t counters);
 // False (nothing launched) where the fused gate/up + SwiGLU GEMV does not take the shape.
 bool gemv_swiglu(uintptr_t x, uintptr_t w_gate_up, uintptr_t out, int rows, int inter, int k);
 // path "gemv", "gemm" (cuBLASLt when loadable) or "tiled".
