@@ -7,7 +7,7 @@ import pytest
 
 from engine import errors
 from engine.checkpoint import inspect
-from engine.plan import ExecutionPlan, MemoryPlan
+from engine.plan import MemoryPlan
 
 
 def test_inspect_smollm2_shape(synth):

@@ -3,7 +3,7 @@ import threading
 
 import pytest
 
-from engine import Engine, Finished, SamplingParams, TextDelta
+from engine import Engine, SamplingParams, TextDelta
 from engine.sampling import SamplerState
 from engine.scheduler import Decode, ModelLoop, Prefill, Request, Scheduler
 

@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 import torch
 
-from engine import Engine, SamplingParams, TextDelta, Finished
+from engine import SamplingParams, TextDelta
 from engine.backends.base import RunnerOptions
 from engine.backends.torch_ref import load_runner
 from engine.checkpoint import inspect

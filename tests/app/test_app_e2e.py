@@ -2,7 +2,6 @@
 import json
 import shutil
 
-import pytest
 from PySide6.QtCore import Qt
 
 from app.store import COMPLETE, STOPPED

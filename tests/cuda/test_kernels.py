@@ -236,7 +236,7 @@ def test_decode_attention_latency(name, rows, heads, kvh, hd, kv):
             torch.cuda.synchronize()
             cold.append(t0.elapsed_time(t1) * 1e3)
         results[f"{pool} after 1 GiB read"] = sorted(cold)[len(cold) // 2]
-        del kc, vc, flush
+        kc = vc = flush = None  # free the pool before the next one
         torch.cuda.empty_cache()
     print(f"\n[decode attention {name}: rows {rows}, heads {heads}/{kvh}, hd {hd}, kv {kv}] " +
           ", ".join(f"{k} {v:.1f} us" for k, v in results.items()))
