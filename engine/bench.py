@@ -223,8 +223,17 @@ def bench_decode_variant(info, max_batch: int, tokens: int, env: dict) -> dict:
     return {" ".join(f"{k}={v}" for k, v in env.items()): out}
 
 
+def decode_variants(ab: bool, ab_each: bool) -> list[dict]:
+    """The decode-path environments --ab / --ab-each compare with the defaults: all earlier paths at
+    once, and with --ab-each each switch alone (one more load per switch)."""
+    variants = [EARLIER_DECODE] if ab or ab_each else []
+    if ab_each:
+        variants += [{k: v} for k, v in EARLIER_DECODE.items()]
+    return variants
+
+
 def bench_cuda(path: str, tokens: int, bandwidth: float, max_batch: int, prefill_ab: bool = False,
-               ab: bool = False) -> dict:
+               ab: bool = False, ab_each: bool = False) -> dict:
     import torch
 
     from engine.backends import cuda_native
@@ -233,8 +242,10 @@ def bench_cuda(path: str, tokens: int, bandwidth: float, max_batch: int, prefill
 
     info = inspect(path)
     torch.cuda.empty_cache()
-    earlier = bench_decode_variant(info, max_batch, tokens, EARLIER_DECODE) if ab else None
-    torch.cuda.empty_cache()
+    earlier = {}
+    for env in decode_variants(ab, ab_each):
+        earlier.update(bench_decode_variant(info, max_batch, tokens, env))
+        torch.cuda.empty_cache()
     peak = _Peak()
     start = time.perf_counter()
     runner = cuda_native.load_runner(info, info.plan, RunnerOptions(context_length=HISTORY + 1024,
@@ -246,13 +257,13 @@ def bench_cuda(path: str, tokens: int, bandwidth: float, max_batch: int, prefill
         row = {"model": path, "backend": "cuda-native", "weight_bytes": mem["weight_bytes"],
                "load_s": load_s, "load_gb_s": info.weight_bytes / load_s / 1e9,
                "graph_buckets": runner.graph_buckets(), "gemm_backend": mem["gemm_backend"]}
-        if earlier is not None:
+        if earlier:
             row["earlier_decode"] = earlier
         row.update(bench_runner(runner, info.decoder.vocab_size, tokens,
                                 [b for b in AGG_BATCHES if b <= max_batch], peak))
         if prefill_ab:
             row.update(bench_prefill_variant(runner, info.decoder.vocab_size, "HEARTH_PREFILL_ATTN", "scalar"))
-        if ab:
+        if ab or ab_each:
             row.update(bench_prefill_variant(runner, info.decoder.vocab_size, "HEARTH_PREFILL_KSPLIT", "0"))
         row["roofline_tok_s"] = bandwidth / mem["weight_bytes"]
         row["roofline_fraction"] = row["decode_tok_s"] / row["roofline_tok_s"]
@@ -375,6 +386,8 @@ def main(argv=None) -> int:
                         help="also the earlier paths in the same run: decode b1/b8/b64 with the previous "
                              "round's decode kernels (see EARLIER_DECODE; a second load), "
                              "second turn without the prefill key split (HEARTH_PREFILL_KSPLIT=0)")
+    parser.add_argument("--ab-each", action="store_true",
+                        help="--ab, plus each of its decode switches alone (one more load per switch)")
     parser.add_argument("--json")
     args = parser.parse_args(argv)
     if not args.model and not args.shape:
@@ -407,7 +420,8 @@ def main(argv=None) -> int:
                 json.dump(result, f, indent=1)
 
     for path in args.model:
-        for name, fn in (("cuda-native", lambda: bench_cuda(path, args.tokens, bandwidth, args.max_batch, args.prefill_ab, args.ab)),
+        for name, fn in (("cuda-native", lambda: bench_cuda(path, args.tokens, bandwidth, args.max_batch, args.prefill_ab, args.ab,
+                                                            args.ab_each)),
                          ("transformers", lambda: bench_hf(path, min(args.tokens, 64)) if args.hf else None),
                          ("torch", lambda: bench_torch(path, args.tokens) if args.torch else None)):
             if name == "torch" and args.torch:
