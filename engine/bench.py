@@ -181,10 +181,10 @@ def bench_prefill_variant(runner, vocab: int, env: str, value: str) -> dict:
 
 
 # The decode kernels of the previous round, for the A/B: no programmatic dependent launch, gate/up
-# GEMV then a separate swiglu kernel, RMSNorm kernels, two hi/lo products for buckets of 16+ (all
-# read when the decode graphs are captured, at load).
+# GEMV then a separate swiglu kernel, RMSNorm kernels, two hi/lo products for buckets of 16+, the
+# split + merge decode attention (all read when the decode graphs are captured, at load).
 EARLIER_DECODE = {"HEARTH_PDL": "0", "HEARTH_GEMV_SWIGLU": "0", "HEARTH_GEMV_NORM": "0",
-                  "HEARTH_DECODE_GEMM": "split"}
+                  "HEARTH_DECODE_GEMM": "split", "HEARTH_DECODE_ATTN": "two-kernel"}
 
 
 def bench_decode_variant(info, max_batch: int, tokens: int, env: dict) -> dict:

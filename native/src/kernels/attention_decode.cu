@@ -12,7 +12,12 @@
 // bit-identical at any batch size. Decode is latency-bound at short contexts, so the code keeps
 // the chain of dependent memory accesses short: the value loads of a chunk are issued together,
 // the merge reads all pieces' (m, l) at once.
+// HEARTH_DECODE_ATTN=two-kernel (read per launch, so captured into the decode graphs at load):
+// the previous round's pair (4 warps, pieces of >= 128 keys, a grid of max_splits pieces, then a
+// merge kernel), kept to A/B the one-kernel version in one process (docs/PERF_NOTES.md).
 #include <algorithm>
+#include <cstdlib>
+#include <cstring>
 
 #include "attention_common.cuh"
 #include "../launch.cuh"
@@ -135,6 +140,98 @@ decode_attention_kernel(PagedAttention p, int split_len_arg, int max_splits,
   }
 }
 
+// ---- the previous round's two-kernel pair (HEARTH_DECODE_ATTN=two-kernel) ----
+namespace two_kernel {
+
+constexpr int kWarps = 4;
+
+__device__ __forceinline__ int row_split_len(int kv_len, int split_len, int max_splits) {
+  if (split_len > 0) return split_len;
+  const int s = ((kv_len + max_splits - 1) / max_splits + 31) / 32 * 32;
+  return max(128, s);
+}
+
+template <int HD>
+__global__ void __launch_bounds__(kWarps * 32)
+split_kernel(PagedAttention p, int split_len, int max_splits, float* __restrict__ part_ml,
+             float* __restrict__ part_acc) {
+  pdl_wait();
+  pdl_launch_dependents();
+  const int h = blockIdx.x, row = blockIdx.y, split = blockIdx.z;
+  const int kv_len = p.kv_lens[row];
+  split_len = row_split_len(kv_len, split_len, max_splits);
+  const int start = split * split_len;
+  if (start >= kv_len) return;
+  const int end = min(kv_len, start + split_len);
+  const int kvh = h / (p.heads / p.kv_heads);
+  const int32_t* table = p.block_tables + (size_t)p.row_table[row] * p.max_blocks;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  __shared__ float q_smem[HD];
+  __shared__ float m_smem[kWarps], l_smem[kWarps];
+  __shared__ float acc_smem[kWarps][HD];
+  const float* q = p.q + ((size_t)row * p.heads + h) * HD;
+  for (int i = threadIdx.x; i < HD; i += blockDim.x) q_smem[i] = q[i];
+  __syncthreads();
+  SoftmaxState<HD> st;
+  for (int key0 = start + warp * 32; key0 < end; key0 += kWarps * 32)
+    fold_key_chunk<HD>(st, q_smem, table, p.block_size, p.kv_heads, kvh, p.k_cache, p.v_cache,
+                       key0, min(32, end - key0), p.scale);
+  if (lane == 0) {
+    m_smem[warp] = st.m;
+    l_smem[warp] = st.l;
+  }
+#pragma unroll
+  for (int r = 0; r < HD / 32; ++r) acc_smem[warp][lane + 32 * r] = st.acc[r];
+  __syncthreads();
+  float m = -INFINITY;
+  for (int w = 0; w < kWarps; ++w) m = fmaxf(m, m_smem[w]);
+  const size_t part = ((size_t)row * p.heads + h) * max_splits + split;
+  for (int d = threadIdx.x; d < HD; d += blockDim.x) {
+    float a = 0.f;
+    for (int w = 0; w < kWarps; ++w)
+      if (l_smem[w] > 0.f) a += acc_smem[w][d] * expf(m_smem[w] - m);
+    part_acc[part * HD + d] = a;
+  }
+  if (threadIdx.x == 0) {
+    float l = 0.f;
+    for (int w = 0; w < kWarps; ++w)
+      if (l_smem[w] > 0.f) l += l_smem[w] * expf(m_smem[w] - m);
+    part_ml[part * 2] = m;
+    part_ml[part * 2 + 1] = l;
+  }
+}
+
+template <int HD>
+__global__ void merge_kernel(PagedAttention p, int split_len, int max_splits,
+                             const float* __restrict__ part_ml, const float* __restrict__ part_acc) {
+  pdl_wait();
+  pdl_launch_dependents();
+  const int h = blockIdx.x, row = blockIdx.y;
+  const int kv_len = p.kv_lens[row];
+  split_len = row_split_len(kv_len, split_len, max_splits);
+  const int splits = (kv_len + split_len - 1) / split_len;
+  const size_t base = ((size_t)row * p.heads + h) * max_splits;
+  float m = -INFINITY;
+  for (int s = 0; s < splits; ++s) m = fmaxf(m, part_ml[(base + s) * 2]);
+  float l = 0.f;
+  for (int s = 0; s < splits; ++s) l += part_ml[(base + s) * 2 + 1] * expf(part_ml[(base + s) * 2] - m);
+  const float inv = l > 0.f ? 1.f / l : 0.f;
+  float* out = p.out + ((size_t)row * p.heads + h) * HD;
+  for (int d = threadIdx.x; d < HD; d += blockDim.x) {
+    float a = 0.f;
+    for (int s = 0; s < splits; ++s)
+      a += part_acc[(base + s) * HD + d] * expf(part_ml[(base + s) * 2] - m);
+    out[d] = a * inv;
+  }
+}
+
+}  // namespace two_kernel
+
+bool decode_attention_two_kernel() {
+  const char* v = std::getenv("HEARTH_DECODE_ATTN");
+  return v && std::strcmp(v, "two-kernel") == 0;
+}
+
 int decode_attention_grid_splits(int rows, int heads, int max_splits) {
   static int sms = 0;  // one GPU per process
   if (sms == 0) {
@@ -161,6 +258,18 @@ void launch_decode_attention(const PagedAttention& p, int split_len, int max_spl
                  "decode_attention: split_len must be 0 (per row) or a positive multiple of 32, "
                  "max_splits 1..32");
   if (p.rows == 0) return;
+  if (decode_attention_two_kernel()) {
+    HEARTH_DISPATCH_HEAD_DIM(p.head_dim, {
+      launch_pdl(two_kernel::split_kernel<HD>, dim3(p.heads, p.rows, max_splits),
+                 two_kernel::kWarps * 32, 0, stream, p, split_len, max_splits, partial_ml,
+                 partial_acc);
+      HEARTH_CHECK_LAUNCH("decode_attention two_kernel::split_kernel");
+      launch_pdl(two_kernel::merge_kernel<HD>, dim3(p.heads, p.rows), HD, 0, stream, p, split_len,
+                 max_splits, (const float*)partial_ml, (const float*)partial_acc);
+      HEARTH_CHECK_LAUNCH("decode_attention two_kernel::merge_kernel");
+    });
+    return;
+  }
   dim3 grid(p.heads, p.rows, decode_attention_grid_splits(p.rows, p.heads, max_splits));
   HEARTH_DISPATCH_HEAD_DIM(p.head_dim, {
     launch_pdl(decode_attention_kernel<HD>, grid, kDecodeWarps * 32, 0, stream, p, split_len,

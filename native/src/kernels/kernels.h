@@ -59,6 +59,8 @@ void launch_decode_attention(const PagedAttention& p, int split_len, int max_spl
                              float* partial_ml, float* partial_acc, int* counters,
                              cudaStream_t stream);
 int decode_attention_grid_splits(int rows, int heads, int max_splits);
+// HEARTH_DECODE_ATTN=two-kernel: the previous round's split + merge pair instead (A/B).
+bool decode_attention_two_kernel();
 
 // attention_prefill.cu: many queries (a prompt chunk) attending causally to the paged cache.
 // launch_prefill_attention picks the variant from HEARTH_PREFILL_ATTN: tc (default: tensor cores,
