@@ -223,12 +223,16 @@ def bench_decode_variant(info, max_batch: int, tokens: int, env: dict) -> dict:
     return {" ".join(f"{k}={v}" for k, v in env.items()): out}
 
 
+# Opt-in decode paths not yet measured enough to be defaults; --ab-each measures them too.
+CANDIDATE_DECODE = [{"HEARTH_ATTN_PREFETCH": "1"}]
+
+
 def decode_variants(ab: bool, ab_each: bool) -> list[dict]:
     """The decode-path environments --ab / --ab-each compare with the defaults: all earlier paths at
-    once, and with --ab-each each switch alone (one more load per switch)."""
+    once, and with --ab-each each switch alone and each candidate (one more load per entry)."""
     variants = [EARLIER_DECODE] if ab or ab_each else []
     if ab_each:
-        variants += [{k: v} for k, v in EARLIER_DECODE.items()]
+        variants += [{k: v} for k, v in EARLIER_DECODE.items()] + CANDIDATE_DECODE
     return variants
 
 
@@ -387,7 +391,8 @@ def main(argv=None) -> int:
                              "round's decode kernels (see EARLIER_DECODE; a second load), "
                              "second turn without the prefill key split (HEARTH_PREFILL_KSPLIT=0)")
     parser.add_argument("--ab-each", action="store_true",
-                        help="--ab, plus each of its decode switches alone (one more load per switch)")
+                        help="--ab, plus each of its decode switches alone and the opt-in candidates "
+                             "(CANDIDATE_DECODE; one more load each)")
     parser.add_argument("--json")
     args = parser.parse_args(argv)
     if not args.model and not args.shape:

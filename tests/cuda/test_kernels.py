@@ -151,9 +151,10 @@ def _attention_ref(q, kc, vc, table, n, heads, kvh, hd, bs=16):
 @pytest.mark.parametrize("lens,heads,kvh,hd", [([1], 4, 4, 64), ([17, 300], 9, 3, 64), ([4099, 1, 640], 32, 8, 128),
                                                ([1000], 16, 8, 96)])
 @pytest.mark.parametrize("split_len", [160, 0])  # 0: each row picks its own pieces (graph path)
-@pytest.mark.parametrize("variant", ["one-kernel", "two-kernel"])  # HEARTH_DECODE_ATTN
+@pytest.mark.parametrize("variant", ["one-kernel", "one-kernel-prefetch", "two-kernel"])
 def test_decode_attention(lens, heads, kvh, hd, split_len, variant, monkeypatch):
-    monkeypatch.setenv("HEARTH_DECODE_ATTN", variant)
+    monkeypatch.setenv("HEARTH_DECODE_ATTN", variant.removesuffix("-prefetch"))  # HEARTH_DECODE_ATTN
+    monkeypatch.setenv("HEARTH_ATTN_PREFETCH", "1" if variant.endswith("-prefetch") else "0")
     kc, vc, tables, max_blocks = _attention_case(lens, heads, kvh, hd)
     rows = len(lens)
     q = torch.randn(rows, heads * hd, device="cuda")

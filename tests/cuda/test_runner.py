@@ -372,9 +372,13 @@ def test_decode_fast_paths_equal_earlier_kernels(shape, model_dir, monkeypatch):
         finally:
             _free(runner)
 
-    fast = run(HEARTH_PDL="1", HEARTH_GEMV_SWIGLU="1", HEARTH_GEMV_NORM="1")
+    fast = run(HEARTH_PDL="1", HEARTH_GEMV_SWIGLU="1", HEARTH_GEMV_NORM="1", HEARTH_ATTN_PREFETCH="0")
     earlier = run(HEARTH_PDL="0", HEARTH_GEMV_SWIGLU="0")
     assert np.array_equal(fast, earlier)
+    # decode attention prefetching before rope ends (and rope letting it launch early): same bits
+    prefetch = run(HEARTH_PDL="1", HEARTH_GEMV_SWIGLU="1", HEARTH_ATTN_PREFETCH="1")
+    assert np.array_equal(fast, prefetch)
+    monkeypatch.setenv("HEARTH_ATTN_PREFETCH", "0")
     norm_kernels = run(HEARTH_PDL="1", HEARTH_GEMV_SWIGLU="1", HEARTH_GEMV_NORM="0")
     rel, top1 = _compare(fast, norm_kernels)
     print(f"\n[{shape}] RMSNorm in the GEMVs vs the rmsnorm kernels: rel {rel:.2e}, top-1 {top1 * 100:.1f}%")

@@ -12,6 +12,11 @@
 // bit-identical at any batch size. Decode is latency-bound at short contexts, so the code keeps
 // the chain of dependent memory accesses short: the value loads of a chunk are issued together,
 // the merge reads all pieces' (m, l) at once.
+// HEARTH_ATTN_PREFETCH=1 (opt-in, read per launch): before waiting for the previous kernel, each
+// block reads its row's metadata and block table (written by the host before the step) and
+// prefetches into L2 the K and V rows of its first piece (all written by earlier steps but the
+// newest, and L2 is coherent with rope's write of that one); rope then lets this kernel launch
+// before rope's own wait, so the prefetch overlaps the qkv GEMV. The arithmetic is unchanged.
 // HEARTH_DECODE_ATTN=two-kernel (read per launch, so captured into the decode graphs at load):
 // the previous round's pair (4 warps, pieces of >= 128 keys, a grid of max_splits pieces, then a
 // merge kernel), kept to A/B the one-kernel version in one process (docs/PERF_NOTES.md).
@@ -36,11 +41,39 @@ __device__ __forceinline__ int row_split_len(int kv_len, int split_len, int max_
   return max(kMinSplitLen, s);
 }
 
+__device__ __forceinline__ void prefetch_l2_line(const void* ptr) {
+  asm volatile("prefetch.global.L2 [%0];" ::"l"(ptr));
+}
+
+// Warm L2 (and the TLB) with this block's first piece of K and V; reads only what the host wrote.
+template <int HD>
+__device__ __forceinline__ void prefetch_first_piece(const PagedAttention& p, int split_len_arg,
+                                                     int max_splits) {
+  const int row = blockIdx.y;
+  const int kv_len = p.kv_lens[row];
+  const int split_len = row_split_len(kv_len, split_len_arg, max_splits);
+  const int start = blockIdx.z * split_len;
+  if (start >= kv_len) return;
+  const int end = min(kv_len, start + split_len);
+  const int32_t* table = p.block_tables + (size_t)p.row_table[row] * p.max_blocks;
+  const int kvh = blockIdx.x / (p.heads / p.kv_heads);
+  constexpr int kLines = (HD * 2 + 127) / 128;  // 128-byte lines per K or V row
+  for (int key = start + threadIdx.x; key < end; key += blockDim.x) {
+    const size_t offset = (cache_slot(table, p.block_size, key) * p.kv_heads + kvh) * HD;
+#pragma unroll
+    for (int i = 0; i < kLines; ++i) {
+      prefetch_l2_line(p.k_cache + offset + i * 64);
+      prefetch_l2_line(p.v_cache + offset + i * 64);
+    }
+  }
+}
+
 template <int HD>
 __global__ void __launch_bounds__(kDecodeWarps * 32)
 decode_attention_kernel(PagedAttention p, int split_len_arg, int max_splits,
                         float* __restrict__ part_ml, float* __restrict__ part_acc,
-                        int* __restrict__ counters) {
+                        int* __restrict__ counters, int prefetch) {
+  if (prefetch) prefetch_first_piece<HD>(p, split_len_arg, max_splits);
   pdl_wait();
   pdl_launch_dependents();
   const int h = blockIdx.x, row = blockIdx.y;
@@ -227,6 +260,11 @@ __global__ void merge_kernel(PagedAttention p, int split_len, int max_splits,
 
 }  // namespace two_kernel
 
+bool decode_attention_prefetch() {
+  const char* v = std::getenv("HEARTH_ATTN_PREFETCH");
+  return v && std::strcmp(v, "1") == 0;
+}
+
 bool decode_attention_two_kernel() {
   const char* v = std::getenv("HEARTH_DECODE_ATTN");
   return v && std::strcmp(v, "two-kernel") == 0;
@@ -273,7 +311,7 @@ void launch_decode_attention(const PagedAttention& p, int split_len, int max_spl
   dim3 grid(p.heads, p.rows, decode_attention_grid_splits(p.rows, p.heads, max_splits));
   HEARTH_DISPATCH_HEAD_DIM(p.head_dim, {
     launch_pdl(decode_attention_kernel<HD>, grid, kDecodeWarps * 32, 0, stream, p, split_len,
-               max_splits, partial_ml, partial_acc, counters);
+               max_splits, partial_ml, partial_acc, counters, decode_attention_prefetch() ? 1 : 0);
     HEARTH_CHECK_LAUNCH("decode_attention_kernel");
   });
 }

@@ -61,6 +61,9 @@ void launch_decode_attention(const PagedAttention& p, int split_len, int max_spl
 int decode_attention_grid_splits(int rows, int heads, int max_splits);
 // HEARTH_DECODE_ATTN=two-kernel: the previous round's split + merge pair instead (A/B).
 bool decode_attention_two_kernel();
+// HEARTH_ATTN_PREFETCH=1: decode attention prefetches its first piece of K / V before waiting for
+// rope, and rope lets it launch early (opt-in until measured).
+bool decode_attention_prefetch();
 
 // attention_prefill.cu: many queries (a prompt chunk) attending causally to the paged cache.
 // launch_prefill_attention picks the variant from HEARTH_PREFILL_ATTN: tc (default: tensor cores,
