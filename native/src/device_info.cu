@@ -2,10 +2,8 @@
 // turning "no driver" and "no device" into a reason instead of an error.
 #include <cuda_runtime.h>
 
-#include <cstdlib>
-#include <cstring>
-
 #include "device_info.h"
+#include "env.h"
 #include "launch.cuh"
 
 #ifndef HEARTH_CUDA_ARCH_LIST
@@ -33,19 +31,19 @@ BuildInfo build_info() {
   return info;
 }
 
-bool pdl_enabled() {
-  const char* v = std::getenv("HEARTH_PDL");
-  if (v && std::strcmp(v, "0") == 0) return false;
-  static int major = -1;  // one GPU per process; asked once
-  if (major < 0) {
-    int device = 0, m = 0;
-    if (cudaGetDevice(&device) != cudaSuccess ||
-        cudaDeviceGetAttribute(&m, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess) {
-      cudaGetLastError();
-      m = 0;
-    }
-    major = m;
+int device_attribute(cudaDeviceAttr attr, int fallback) {
+  int device = 0, value = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&value, attr, device) != cudaSuccess) {
+    cudaGetLastError();  // clear it: later calls start clean
+    return fallback;
   }
+  return value;
+}
+
+bool pdl_enabled() {
+  if (env_is("HEARTH_PDL", "0")) return false;
+  static const int major = device_attribute(cudaDevAttrComputeCapabilityMajor, 0);  // one GPU
   return major >= 9;
 }
 

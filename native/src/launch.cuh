@@ -36,6 +36,9 @@ __device__ __forceinline__ void pdl_launch_dependents() {
 // True on compute capability 9.0+ unless HEARTH_PDL=0.
 bool pdl_enabled();
 
+// An attribute of the current device, or `fallback` where the runtime cannot say (no device).
+int device_attribute(cudaDeviceAttr attr, int fallback);
+
 // kernel<<<grid, block, smem, stream>>>(args...), with the PDL attribute where enabled. The caller
 // checks the launch with HEARTH_CHECK_LAUNCH as for any launch.
 template <typename... Params, typename... Args>

@@ -21,10 +21,9 @@
 // the previous round's pair (4 warps, pieces of >= 128 keys, a grid of max_splits pieces, then a
 // merge kernel), kept to A/B the one-kernel version in one process (docs/PERF_NOTES.md).
 #include <algorithm>
-#include <cstdlib>
-#include <cstring>
 
 #include "attention_common.cuh"
+#include "../env.h"
 #include "../launch.cuh"
 
 namespace hearth {
@@ -39,10 +38,6 @@ __device__ __forceinline__ int row_split_len(int kv_len, int split_len, int max_
   if (split_len > 0) return split_len;
   const int s = ((kv_len + max_splits - 1) / max_splits + 31) / 32 * 32;
   return max(kMinSplitLen, s);
-}
-
-__device__ __forceinline__ void prefetch_l2_line(const void* ptr) {
-  asm volatile("prefetch.global.L2 [%0];" ::"l"(ptr));
 }
 
 // Warm L2 (and the TLB) with this block's first piece of K and V; reads only what the host wrote.
@@ -62,8 +57,8 @@ __device__ __forceinline__ void prefetch_first_piece(const PagedAttention& p, in
     const size_t offset = (cache_slot(table, p.block_size, key) * p.kv_heads + kvh) * HD;
 #pragma unroll
     for (int i = 0; i < kLines; ++i) {
-      prefetch_l2_line(p.k_cache + offset + i * 64);
-      prefetch_l2_line(p.v_cache + offset + i * 64);
+      prefetch_l2(p.k_cache + offset + i * 64);
+      prefetch_l2(p.v_cache + offset + i * 64);
     }
   }
 }
@@ -117,23 +112,19 @@ decode_attention_kernel(PagedAttention p, int split_len_arg, int max_splits,
     float l = 0.f;
     for (int w = 0; w < kDecodeWarps; ++w)
       if (l_smem[w] > 0.f) l += l_smem[w] * expf(m_smem[w] - m);
-    if (splits == 1) {  // the whole row in this block: normalized and written directly
-      const float inv = l > 0.f ? 1.f / l : 0.f;
-      for (int d = threadIdx.x; d < HD; d += blockDim.x) {
-        float a = 0.f;
-        for (int w = 0; w < kDecodeWarps; ++w)
-          if (l_smem[w] > 0.f) a += acc_smem[w][d] * expf(m_smem[w] - m);
-        out[d] = a * inv;
-      }
-      return;
-    }
+    // One piece is the whole row: normalized and written directly. Else this piece's partial.
+    const float inv = l > 0.f ? 1.f / l : 0.f;
     const size_t part = base + split;
     for (int d = threadIdx.x; d < HD; d += blockDim.x) {
       float a = 0.f;
       for (int w = 0; w < kDecodeWarps; ++w)
         if (l_smem[w] > 0.f) a += acc_smem[w][d] * expf(m_smem[w] - m);
-      part_acc[part * HD + d] = a;
+      if (splits == 1)
+        out[d] = a * inv;
+      else
+        part_acc[part * HD + d] = a;
     }
+    if (splits == 1) return;
     if (threadIdx.x == 0) {
       part_ml[part * 2] = m;
       part_ml[part * 2 + 1] = l;
@@ -260,26 +251,12 @@ __global__ void merge_kernel(PagedAttention p, int split_len, int max_splits,
 
 }  // namespace two_kernel
 
-bool decode_attention_prefetch() {
-  const char* v = std::getenv("HEARTH_ATTN_PREFETCH");
-  return v && std::strcmp(v, "1") == 0;
-}
+bool decode_attention_prefetch() { return env_is("HEARTH_ATTN_PREFETCH", "1"); }
 
-bool decode_attention_two_kernel() {
-  const char* v = std::getenv("HEARTH_DECODE_ATTN");
-  return v && std::strcmp(v, "two-kernel") == 0;
-}
+bool decode_attention_two_kernel() { return env_is("HEARTH_DECODE_ATTN", "two-kernel"); }
 
 int decode_attention_grid_splits(int rows, int heads, int max_splits) {
-  static int sms = 0;  // one GPU per process
-  if (sms == 0) {
-    int device = 0;
-    if (cudaGetDevice(&device) != cudaSuccess ||
-        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
-      cudaGetLastError();
-      sms = 132;
-    }
-  }
+  static const int sms = device_attribute(cudaDevAttrMultiProcessorCount, 132);  // one GPU
   // About four blocks per SM in all; more pieces than blocks are walked by each block in turn.
   const long long want = (4LL * sms + (long long)rows * heads - 1) / ((long long)rows * heads);
   int z = 1;

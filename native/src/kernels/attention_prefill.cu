@@ -12,10 +12,9 @@
 //    Head sizes 32, 64, 96, 128; others use the scalar variant.
 //  - scalar: one warp per (query row, head), eight rows per block, all fp32 (the reference path).
 #include <algorithm>
-#include <cstdlib>
-#include <cstring>
 
 #include "attention_common.cuh"
+#include "../env.h"
 
 namespace hearth {
 
@@ -406,9 +405,8 @@ void launch_prefill_attention_tc(const PagedAttention& p, bool split, cudaStream
 }
 
 PrefillAttention prefill_attention_variant() {
-  const char* v = std::getenv("HEARTH_PREFILL_ATTN");
-  if (v && std::strcmp(v, "scalar") == 0) return PrefillAttention::Scalar;
-  if (v && std::strcmp(v, "tc1") == 0) return PrefillAttention::TensorCoreBf16;
+  if (env_is("HEARTH_PREFILL_ATTN", "scalar")) return PrefillAttention::Scalar;
+  if (env_is("HEARTH_PREFILL_ATTN", "tc1")) return PrefillAttention::TensorCoreBf16;
   return PrefillAttention::TensorCoreSplit;
 }
 

@@ -101,10 +101,6 @@ __device__ __forceinline__ void fma8(const uint4 (&raw)[F], const float* __restr
   }
 }
 
-__device__ __forceinline__ void prefetch_l2(const void* p) {
-  asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
-}
-
 // The weight row of virtual feature v. Plain: v. SwiGLU (n = 2 * inter, P features per block):
 // the first P / 2 features of a block are gate rows, the next P / 2 the matching up rows.
 template <bool SWIGLU, int P>
@@ -319,6 +315,17 @@ void launch_any(const GemvParams& prm, int rows, int mode, cudaStream_t stream) 
   HEARTH_CHECK_LAUNCH("gemv_kernel");
 }
 
+// Puts `norm` (when given) into prm; the mode bit it adds.
+int with_norm(GemvParams& prm, const GemvNorm* norm) {
+  if (!norm) return 0;
+  HEARTH_REQUIRE(norm->weight && norm->partials && norm->count > 0, "gemv: bad norm fusion");
+  prm.norm_weight = norm->weight;
+  prm.norm_partials = norm->partials;
+  prm.norm_count = norm->count;
+  prm.eps = norm->eps;
+  return kModeNorm;
+}
+
 }  // namespace
 
 int gemv_warps_per_row(int n, int k) {
@@ -346,15 +353,7 @@ void launch_gemv(const float* x, const bf16* w, float* out, int rows, int n, int
   HEARTH_REQUIRE(rows >= 1 && rows <= kGemvMaxRows && n > 0 && k > 0, "gemv: bad shape");
   HEARTH_REQUIRE(k % 8 == 0, "gemv: k must be a multiple of 8");
   GemvParams prm{x, w, out, n, k, nullptr, nullptr, 0, 0.f, nullptr};
-  int mode = 0;
-  if (norm) {
-    HEARTH_REQUIRE(norm->weight && norm->partials && norm->count > 0, "gemv: bad norm fusion");
-    prm.norm_weight = norm->weight;
-    prm.norm_partials = norm->partials;
-    prm.norm_count = norm->count;
-    prm.eps = norm->eps;
-    mode |= kModeNorm;
-  }
+  int mode = with_norm(prm, norm);
   if (residual) {
     HEARTH_REQUIRE(residual->partials && !norm, "gemv: bad residual fusion");
     prm.resid_partials = residual->partials;
@@ -374,16 +373,7 @@ void launch_gemv_swiglu(const float* x, const bf16* w_gate_up, float* out, int r
   HEARTH_REQUIRE(gemv_swiglu_supported(rows, inter, k),
                  "gemv_swiglu: shape not supported (check gemv_swiglu_supported first)");
   GemvParams prm{x, w_gate_up, out, 2 * inter, k, nullptr, nullptr, 0, 0.f, nullptr};
-  int mode = kModeSwiglu;
-  if (norm) {
-    HEARTH_REQUIRE(norm->weight && norm->partials && norm->count > 0, "gemv: bad norm fusion");
-    prm.norm_weight = norm->weight;
-    prm.norm_partials = norm->partials;
-    prm.norm_count = norm->count;
-    prm.eps = norm->eps;
-    mode |= kModeNorm;
-  }
-  launch_any(prm, rows, mode, stream);
+  launch_any(prm, rows, kModeSwiglu | with_norm(prm, norm), stream);
 }
 
 }  // namespace hearth

@@ -15,6 +15,8 @@
 #include <set>
 #include <thread>
 
+#include "../env.h"
+
 namespace hearth {
 
 namespace {
@@ -109,15 +111,12 @@ Model::Model(const ModelConfig& config, const CacheConfig& cache) : cfg_(config)
   qkv_size_ = q_size_ + 2 * kv_size_;
   chunk_ = std::max(cache_.chunk_tokens, cache_.max_batch);
   {
-    const char* g = std::getenv("HEARTH_DECODE_GEMM");
-    const std::string mode = g ? g : "stacked";
-    decode_gemm_ = mode == "bf16"    ? GemmActivations::Bf16  // opt-in: misses the accuracy bar
-                   : mode == "split" ? GemmActivations::Split
-                                     : GemmActivations::Stacked;
-    const char* f = std::getenv("HEARTH_GEMV_SWIGLU");
-    gemv_swiglu_ = !(f && std::string(f) == "0");
-    const char* nrm = std::getenv("HEARTH_GEMV_NORM");
-    gemv_norm_ = !(nrm && std::string(nrm) == "0");
+    // bf16 is opt-in: it misses the accuracy bar (model.h)
+    decode_gemm_ = env_is("HEARTH_DECODE_GEMM", "bf16")    ? GemmActivations::Bf16
+                   : env_is("HEARTH_DECODE_GEMM", "split") ? GemmActivations::Split
+                                                           : GemmActivations::Stacked;
+    gemv_swiglu_ = !env_is("HEARTH_GEMV_SWIGLU", "0");
+    gemv_norm_ = !env_is("HEARTH_GEMV_NORM", "0");
   }
   HEARTH_CUDA(cudaSetDevice(0));
   plan_memory();
@@ -398,8 +397,7 @@ void Model::finish_load() {
     scratch_[i].reset();
   }
   cublaslt_available();  // load the library now rather than at the first prompt
-  const char* graphs = std::getenv("HEARTH_CUDA_GRAPHS");
-  if (!(graphs && std::string(graphs) == "0")) capture_decode_graphs();
+  if (!env_is("HEARTH_CUDA_GRAPHS", "0")) capture_decode_graphs();
 }
 
 std::vector<int> Model::graph_buckets() const {
@@ -611,10 +609,8 @@ void Model::upload_meta(const Step& step, int device_stride) {
 void Model::forward(const Step& step, bool decode_mode, int logit_first, int logit_count) {
   upload_meta(step, step.table_stride);
   step_max_kv_ = step.max_kv_len;
-  if (!decode_mode) {  // read per prompt chunk, so one process can compare (bench --ab)
-    const char* ks = std::getenv("HEARTH_PREFILL_KSPLIT");
-    prefill_ksplit_ = !(ks && std::string(ks) == "0");
-  }
+  if (!decode_mode)  // read per prompt chunk, so one process can compare (bench --ab)
+    prefill_ksplit_ = !env_is("HEARTH_PREFILL_KSPLIT", "0");
   run_layers((int)step.ids.size(), step.table_stride, decode_mode, logit_first, logit_count);
   logits_rows_ = logit_count;
 }
@@ -634,7 +630,9 @@ void Model::run_layers(int T, int table_stride, bool decode_mode, int logit_firs
   const bool fused_norm = gemv_norm_ && T <= kGemvMaxRows && H % 8 == 0 && q_size_ % 8 == 0 &&
                           I % 8 == 0;
   launch_embedding(d_ids, T, embed_, V, H, resid_, stream_, fused_norm ? norm_parts_ : nullptr);
-  int norm_count = 1;  // partial sums of squares per row in norm_parts_
+  int norm_count = 1;  // partial sums of squares per row in norm_parts_: embedding, o, down
+  const int o_blocks = fused_norm ? gemv_blocks(T, H, q_size_) : 0;
+  const int down_blocks = fused_norm ? gemv_blocks(T, H, I) : 0;
   const GemvResidual into_residual{norm_parts_};
   for (int l = 0; l < cfg_.layers; ++l) {
     const LayerWeights& lw = layers_[l];
@@ -665,7 +663,7 @@ void Model::run_layers(int T, int table_stride, bool decode_mode, int logit_firs
     }
     if (fused_norm) {
       launch_gemv(xn_, lw.wo, resid_, T, H, q_size_, stream_, nullptr, &into_residual);
-      norm_count = gemv_blocks(T, H, q_size_);
+      norm_count = o_blocks;
       const GemvNorm norm{lw.mlp_norm, norm_parts_, norm_count, cfg_.rms_eps};
       const float* mlp_in = gate_up_;
       if (gemv_swiglu_ && gemv_swiglu_supported(T, I, H)) {
@@ -676,7 +674,7 @@ void Model::run_layers(int T, int table_stride, bool decode_mode, int logit_firs
         mlp_in = xn_;
       }
       launch_gemv(mlp_in, lw.wdown, resid_, T, H, I, stream_, nullptr, &into_residual);
-      norm_count = gemv_blocks(T, H, I);
+      norm_count = down_blocks;
       continue;
     }
     matmul(xn_, lw.wo, delta_, T, H, q_size_);
