@@ -18,6 +18,7 @@ only checkpoints under 1 GB of weights: it is slow). A table is printed; --json 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -50,6 +51,21 @@ def measure_bandwidth() -> float:
     del x
     torch.cuda.empty_cache()
     return nbytes / best
+
+
+@contextlib.contextmanager
+def _environ(values: dict):
+    """os.environ with `values` set inside the block, as it was after it."""
+    old = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in old.items():
+            if v is None:
+                del os.environ[k]
+            else:
+                os.environ[k] = v
 
 
 class _Peak:
@@ -103,16 +119,34 @@ def _decode_rate(runner, seqs, first_tokens, steps: int) -> float:
     return len(seqs) * steps / (time.perf_counter() - start)
 
 
+def _fresh_decode_rate(runner, vocab: int, batch: int, steps: int, peak=None) -> float:
+    """Decode tok/s of `batch` new sequences decoding together: one sequence after a 16-token prompt
+    (batch 1), else each after its own 128-token prompt. The main table and the A/B share it, so
+    their contexts match. `peak` is sampled before the sequences are released."""
+    from engine.sampling import GREEDY, SamplerState
+
+    prompt_len, seed = (16, 1) if batch == 1 else (128, 1000)
+    seqs = [runner.allocate_sequence() for _ in range(batch)]
+    try:
+        firsts = []
+        for i, s in enumerate(seqs):
+            runner.prefill(s, _tokens(prompt_len, vocab, seed + i))
+            firsts.append(runner.sample([SamplerState.start(GREEDY)])[0])
+        rate = _decode_rate(runner, seqs, firsts, steps)
+        if peak is not None:
+            peak()
+        return rate
+    finally:
+        for s in seqs:
+            runner.release_sequence(s)
+
+
 def bench_runner(runner, vocab: int, tokens: int, batches, peak, long_prompts: bool = True) -> dict:
     """Every figure a runner gives (cuda-native or torch)."""
     from engine.sampling import GREEDY, SamplerState
 
     row: dict = {}
-    seq = runner.allocate_sequence()
-    runner.prefill(seq, _tokens(16, vocab, 1))
-    tok = runner.sample([SamplerState.start(GREEDY)])[0]
-    row["decode_tok_s"] = _decode_rate(runner, [seq], [tok], tokens)
-    runner.release_sequence(seq)
+    row["decode_tok_s"] = _fresh_decode_rate(runner, vocab, 1, tokens)
     peak()
     prompts = TTFT_PROMPTS if long_prompts else TTFT_PROMPTS[:1]
     for n in prompts:
@@ -123,15 +157,7 @@ def bench_runner(runner, vocab: int, tokens: int, batches, peak, long_prompts: b
     if 2048 in prompts:
         row["prefill_2048_tok_s"] = 2048 / (row["ttft_2048_ms"] / 1e3)
     for b in batches:
-        seqs = [runner.allocate_sequence() for _ in range(b)]
-        firsts = []
-        for i, s in enumerate(seqs):
-            runner.prefill(s, _tokens(128, vocab, 1000 + i))
-            firsts.append(runner.sample([SamplerState.start(GREEDY)])[0])
-        row[f"agg_decode_b{b}_tok_s"] = _decode_rate(runner, seqs, firsts, max(16, tokens // 4))
-        peak()
-        for s in seqs:
-            runner.release_sequence(s)
+        row[f"agg_decode_b{b}_tok_s"] = _fresh_decode_rate(runner, vocab, b, max(16, tokens // 4), peak)
     if long_prompts:
         message = _tokens(MESSAGE, vocab, 7)
         hist = runner.allocate_sequence()
@@ -157,9 +183,7 @@ def bench_prefill_variant(runner, vocab: int, env: str, value: str) -> dict:
     so one run compares the prefill attention variants."""
     from engine.sampling import GREEDY, SamplerState
 
-    old = os.environ.get(env)
-    os.environ[env] = value
-    try:
+    with _environ({env: value}):
         prompt = _tokens(2048, vocab, 2048)
         _ttft(runner, prompt)
         ttft = statistics.median(_ttft(runner, prompt) for _ in range(2))
@@ -171,11 +195,6 @@ def bench_prefill_variant(runner, vocab: int, env: str, value: str) -> dict:
         second = time.perf_counter() - start
         runner.release_sequence(hist)
         alone = statistics.median(_ttft(runner, _tokens(MESSAGE, vocab, 7)) for _ in range(2))
-    finally:
-        if old is None:
-            del os.environ[env]
-        else:
-            os.environ[env] = old
     return {f"{env}={value}": {"ttft_2048_ms": 1e3 * ttft, "prefill_2048_tok_s": 2048 / ttft,
                                "second_turn_ttft_ms": 1e3 * second, "second_turn_ratio": second / alone}}
 
@@ -188,36 +207,21 @@ EARLIER_DECODE = {"HEARTH_PDL": "0", "HEARTH_GEMV_SWIGLU": "0", "HEARTH_GEMV_NOR
 
 
 def bench_decode_variant(info, max_batch: int, tokens: int, env: dict) -> dict:
-    """Batch-1, 8 and 64 decode tok/s of a runner loaded with `env` set, for the A/B."""
+    """Batch-1, 8 and 64 decode tok/s of a runner loaded with `env` set, for the A/B (the same
+    prompts and steps as the main table's decode b1 and agg b8 / b64)."""
     from engine.backends import cuda_native
     from engine.backends.base import RunnerOptions
-    from engine.sampling import GREEDY, SamplerState
 
-    old = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    try:
+    with _environ(env):
         runner = cuda_native.load_runner(info, info.plan, RunnerOptions(context_length=HISTORY + 1024,
                                                                          max_batch=max_batch))
-    finally:
-        for k, v in old.items():
-            if v is None:
-                del os.environ[k]
-            else:
-                os.environ[k] = v
     vocab = info.decoder.vocab_size
     try:
         out = {}
         for b in (1, 8, 64):
-            if b > max_batch:
-                continue
-            seqs = [runner.allocate_sequence() for _ in range(b)]
-            firsts = []
-            for i, s in enumerate(seqs):
-                runner.prefill(s, _tokens(16, vocab, 1 + i))
-                firsts.append(runner.sample([SamplerState.start(GREEDY)])[0])
-            out[f"decode_b{b}_tok_s"] = _decode_rate(runner, seqs, firsts, tokens if b == 1 else max(16, tokens // 4))
-            for s in seqs:
-                runner.release_sequence(s)
+            if b <= max_batch:
+                out[f"decode_b{b}_tok_s"] = _fresh_decode_rate(runner, vocab, b,
+                                                               tokens if b == 1 else max(16, tokens // 4))
     finally:
         runner.close()
     return {" ".join(f"{k}={v}" for k, v in env.items()): out}
