@@ -148,6 +148,17 @@ def _attention_ref(q, kc, vc, table, n, heads, kvh, hd, bs=16):
     return torch.einsum("hn,nhd->hd", torch.softmax(s, -1), v).reshape(-1)
 
 
+def _decode_attention(q, kc, vc, tables, lens, heads, kvh, hd, max_blocks, split_len):
+    """Decode attention of one row per entry of `lens`, row r over table r."""
+    rows = len(lens)
+    kv_lens = torch.tensor(lens, device="cuda", dtype=torch.int32)
+    row_table = torch.arange(rows, device="cuda", dtype=torch.int32)
+    out = poison((rows, heads * hd), torch.float32)
+    K().paged_attention("decode", ptr(q), ptr(kc), ptr(vc), ptr(tables), ptr(row_table), ptr(kv_lens), ptr(out),
+                        rows, heads, kvh, hd, 16, max_blocks, 1 / math.sqrt(hd), split_len)
+    return out
+
+
 @pytest.mark.parametrize("lens,heads,kvh,hd", [([1], 4, 4, 64), ([17, 300], 9, 3, 64), ([4099, 1, 640], 32, 8, 128),
                                                ([1000], 16, 8, 96)])
 @pytest.mark.parametrize("split_len", [160, 0])  # 0: each row picks its own pieces (graph path)
@@ -156,13 +167,8 @@ def test_decode_attention(lens, heads, kvh, hd, split_len, variant, monkeypatch)
     monkeypatch.setenv("HEARTH_DECODE_ATTN", variant.removesuffix("-prefetch"))  # HEARTH_DECODE_ATTN
     monkeypatch.setenv("HEARTH_ATTN_PREFETCH", "1" if variant.endswith("-prefetch") else "0")
     kc, vc, tables, max_blocks = _attention_case(lens, heads, kvh, hd)
-    rows = len(lens)
-    q = torch.randn(rows, heads * hd, device="cuda")
-    kv_lens = torch.tensor(lens, device="cuda", dtype=torch.int32)
-    row_table = torch.arange(rows, device="cuda", dtype=torch.int32)
-    out = poison((rows, heads * hd), torch.float32)
-    K().paged_attention("decode", ptr(q), ptr(kc), ptr(vc), ptr(tables), ptr(row_table), ptr(kv_lens), ptr(out),
-                        rows, heads, kvh, hd, 16, max_blocks, 1 / math.sqrt(hd), split_len)
+    q = torch.randn(len(lens), heads * hd, device="cuda")
+    out = _decode_attention(q, kc, vc, tables, lens, heads, kvh, hd, max_blocks, split_len)
     for r, n in enumerate(lens):
         assert rel(out[r], _attention_ref(q[r], kc, vc, tables[r], n, heads, kvh, hd)) < 1e-5
 
@@ -173,18 +179,11 @@ def test_decode_attention_rows_do_not_depend_on_batch():
     heads, kvh, hd = 32, 8, 128
     lens = [4099, 1, 300, 257, 2000] * 8
     kc, vc, tables, max_blocks = _attention_case(lens, heads, kvh, hd)
-    rows = len(lens)
-    q = torch.randn(rows, heads * hd, device="cuda")
-    kv_lens = torch.tensor(lens, device="cuda", dtype=torch.int32)
-    row_table = torch.arange(rows, device="cuda", dtype=torch.int32)
-    together = poison((rows, heads * hd), torch.float32)
-    K().paged_attention("decode", ptr(q), ptr(kc), ptr(vc), ptr(tables), ptr(row_table), ptr(kv_lens),
-                        ptr(together), rows, heads, kvh, hd, 16, max_blocks, 1 / math.sqrt(hd), 0)
+    q = torch.randn(len(lens), heads * hd, device="cuda")
+    together = _decode_attention(q, kc, vc, tables, lens, heads, kvh, hd, max_blocks, 0)
     for r in range(5):
-        alone = poison((1, heads * hd), torch.float32)
-        K().paged_attention("decode", ptr(q[r]), ptr(kc), ptr(vc), ptr(tables), ptr(row_table[r:r + 1]),
-                            ptr(kv_lens[r:r + 1]), ptr(alone), 1, heads, kvh, hd, 16, max_blocks,
-                            1 / math.sqrt(hd), 0)
+        # row r alone: its query, length and table as row 0 of a one-row launch
+        alone = _decode_attention(q[r:r + 1], kc, vc, tables[r:r + 1], lens[r:r + 1], heads, kvh, hd, max_blocks, 0)
         assert torch.equal(alone[0], together[r])
         assert rel(alone[0], _attention_ref(q[r], kc, vc, tables[r], lens[r], heads, kvh, hd)) < 1e-5
 
