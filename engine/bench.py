@@ -227,8 +227,10 @@ def bench_decode_variant(info, max_batch: int, tokens: int, env: dict) -> dict:
     return {" ".join(f"{k}={v}" for k, v in env.items()): out}
 
 
-# Opt-in decode paths not yet measured enough to be defaults; --ab-each measures them too.
-CANDIDATE_DECODE = [{"HEARTH_ATTN_PREFETCH": "1"}]
+# Other decode paths --ab-each measures against the defaults: the decode attention without its
+# prefetch, with rope letting it launch early, and with one query head per block.
+CANDIDATE_DECODE = [{"HEARTH_ATTN_PREFETCH": "0"}, {"HEARTH_ATTN_PREFETCH": "early"},
+                    {"HEARTH_DECODE_ATTN": "per-head"}]
 
 
 def decode_variants(ab: bool, ab_each: bool) -> list[dict]:

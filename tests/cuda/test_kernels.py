@@ -159,18 +159,37 @@ def _decode_attention(q, kc, vc, tables, lens, heads, kvh, hd, max_blocks, split
     return out
 
 
+# "grouped:0" = HEARTH_DECODE_ATTN=grouped (the default) with HEARTH_ATTN_PREFETCH=0, and so on.
+DECODE_ATTENTION_VARIANTS = ["grouped:1", "grouped:0", "grouped:early", "per-head:1", "two-kernel:0"]
+
+
 @pytest.mark.parametrize("lens,heads,kvh,hd", [([1], 4, 4, 64), ([17, 300], 9, 3, 64), ([4099, 1, 640], 32, 8, 128),
                                                ([1000], 16, 8, 96)])
 @pytest.mark.parametrize("split_len", [160, 0])  # 0: each row picks its own pieces (graph path)
-@pytest.mark.parametrize("variant", ["one-kernel", "one-kernel-prefetch", "two-kernel"])
+@pytest.mark.parametrize("variant", DECODE_ATTENTION_VARIANTS)
 def test_decode_attention(lens, heads, kvh, hd, split_len, variant, monkeypatch):
-    monkeypatch.setenv("HEARTH_DECODE_ATTN", variant.removesuffix("-prefetch"))  # HEARTH_DECODE_ATTN
-    monkeypatch.setenv("HEARTH_ATTN_PREFETCH", "1" if variant.endswith("-prefetch") else "0")
+    kernel, prefetch = variant.split(":")
+    monkeypatch.setenv("HEARTH_DECODE_ATTN", kernel)
+    monkeypatch.setenv("HEARTH_ATTN_PREFETCH", prefetch)
     kc, vc, tables, max_blocks = _attention_case(lens, heads, kvh, hd)
     q = torch.randn(len(lens), heads * hd, device="cuda")
     out = _decode_attention(q, kc, vc, tables, lens, heads, kvh, hd, max_blocks, split_len)
     for r, n in enumerate(lens):
         assert rel(out[r], _attention_ref(q[r], kc, vc, tables[r], n, heads, kvh, hd)) < 1e-5
+
+
+def test_decode_attention_group_does_not_change_a_head(monkeypatch):
+    """A block serving the 2-4 query heads of one KV head gives each head the bits of a block
+    serving that head alone (HEARTH_DECODE_ATTN=per-head)."""
+    for heads, kvh, hd, lens in [(32, 8, 128, [4099, 1, 300]), (9, 3, 64, [257, 17]), (16, 8, 96, [1000, 2]),
+                                 (4, 2, 32, [33, 512])]:
+        kc, vc, tables, max_blocks = _attention_case(lens, heads, kvh, hd)
+        q = torch.randn(len(lens), heads * hd, device="cuda")
+        monkeypatch.setenv("HEARTH_DECODE_ATTN", "grouped")
+        grouped = _decode_attention(q, kc, vc, tables, lens, heads, kvh, hd, max_blocks, 0)
+        monkeypatch.setenv("HEARTH_DECODE_ATTN", "per-head")
+        alone = _decode_attention(q, kc, vc, tables, lens, heads, kvh, hd, max_blocks, 0)
+        assert torch.equal(grouped, alone), (heads, kvh, hd)
 
 
 def test_decode_attention_rows_do_not_depend_on_batch():
@@ -188,30 +207,35 @@ def test_decode_attention_rows_do_not_depend_on_batch():
         assert rel(alone[0], _attention_ref(q[r], kc, vc, tables[r], lens[r], heads, kvh, hd)) < 1e-5
 
 
-@pytest.mark.parametrize("name,rows,heads,kvh,hd,kv", [("135M b1", 1, 9, 3, 64, 256), ("8B b1", 1, 32, 8, 128, 256),
-                                                      ("8B b64", 64, 32, 8, 128, 144), ("8B b1 4k", 1, 32, 8, 128, 4096)])
-def test_decode_attention_latency(name, rows, heads, kvh, hd, kv):
-    """Prints the decode attention's GPU time per launch back to back (warm caches; the launches are
-    queued behind a GPU sleep so the host's launch cost is not what is timed) and right after a
-    1 GiB read (cold caches and TLB, as after a layer's GEMVs), with the cache compact or spread
-    over an 8 GiB pool; checks the output once. A diagnostic for docs/PERF_NOTES.md, not a speed
-    assertion."""
+@pytest.mark.parametrize("name,rows,heads,kvh,hd,kv", [("135M b1", 1, 9, 3, 64, 256), ("135M b1 kv 32", 1, 9, 3, 64, 32),
+                                                      ("8B b1", 1, 32, 8, 128, 256), ("8B b64", 64, 32, 8, 128, 144),
+                                                      ("8B b1 4k", 1, 32, 8, 128, 4096)])
+def test_decode_attention_latency(name, rows, heads, kvh, hd, kv, monkeypatch):
+    """Prints the decode attention's GPU time per launch, for each variant, back to back (warm
+    caches; the launches are queued behind a GPU sleep so the host's launch cost is not what is
+    timed) and right after a 1 GiB read (cold caches and TLB, as after a layer's GEMVs); checks the
+    output of each. A diagnostic for docs/PERF_NOTES.md, not a speed assertion. (Spreading the KV
+    blocks over an 8 GiB pool made no difference in an earlier run.)"""
     bs = 16
     blocks = -(-kv // bs)
-    results = {}
-    for pool in ("compact", "spread"):
-        total = rows * blocks + 1 if pool == "compact" else max(rows * blocks + 1, (8 << 30) // (bs * kvh * hd * 2 * 2))
-        kc = torch.empty(total * bs, kvh, hd, device="cuda", dtype=torch.bfloat16).normal_()
-        vc = torch.empty_like(kc).normal_()
-        ids = torch.randperm(total, device="cuda")[:rows * blocks].int().view(rows, blocks).contiguous()
-        q = torch.randn(rows, heads * hd, device="cuda")
-        kv_lens = torch.full((rows,), kv, device="cuda", dtype=torch.int32)
-        row_table = torch.arange(rows, device="cuda", dtype=torch.int32)
+    total = rows * blocks + 1
+    kc = torch.empty(total * bs, kvh, hd, device="cuda", dtype=torch.bfloat16).normal_()
+    vc = torch.empty_like(kc).normal_()
+    ids = torch.randperm(total, device="cuda")[:rows * blocks].int().view(rows, blocks).contiguous()
+    q = torch.randn(rows, heads * hd, device="cuda")
+    kv_lens = torch.full((rows,), kv, device="cuda", dtype=torch.int32)
+    row_table = torch.arange(rows, device="cuda", dtype=torch.int32)
+    ml = torch.empty(rows * heads * 32 * 2, device="cuda")
+    acc = torch.empty(rows * heads * 32 * hd, device="cuda")
+    counters = torch.zeros(rows * heads, device="cuda", dtype=torch.int32)
+    flush = torch.empty(1 << 29, device="cuda", dtype=torch.bfloat16).normal_()
+    expected = _attention_ref(q[0], kc, vc, ids[0], kv, heads, kvh, hd)
+    results = []
+    for variant in DECODE_ATTENTION_VARIANTS:
+        kernel, prefetch = variant.split(":")
+        monkeypatch.setenv("HEARTH_DECODE_ATTN", kernel)
+        monkeypatch.setenv("HEARTH_ATTN_PREFETCH", prefetch)
         out = poison((rows, heads * hd), torch.float32)
-        ml = torch.empty(rows * heads * 32 * 2, device="cuda")
-        acc = torch.empty(rows * heads * 32 * hd, device="cuda")
-        counters = torch.zeros(rows * heads, device="cuda", dtype=torch.int32)
-        flush = torch.empty(1 << 29, device="cuda", dtype=torch.bfloat16).normal_()
 
         def launch():
             K().decode_attention_launch(ptr(q), ptr(kc), ptr(vc), ptr(ids), ptr(row_table), ptr(kv_lens), ptr(out),
@@ -220,7 +244,7 @@ def test_decode_attention_latency(name, rows, heads, kvh, hd, kv):
 
         launch()
         torch.cuda.synchronize()
-        assert rel(out[0], _attention_ref(q[0], kc, vc, ids[0], kv, heads, kvh, hd)) < 1e-5
+        assert rel(out[0], expected) < 1e-5, variant
         t0, t1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         torch.cuda._sleep(20_000_000)  # ~10 ms of GPU time: the 50 launches below queue up behind it
         t0.record()
@@ -228,7 +252,7 @@ def test_decode_attention_latency(name, rows, heads, kvh, hd, kv):
             launch()
         t1.record()
         torch.cuda.synchronize()
-        results[f"{pool} back-to-back"] = t0.elapsed_time(t1) / 50 * 1e3
+        hot = t0.elapsed_time(t1) / 50 * 1e3
         cold = []
         for _ in range(10):
             flush.sum(dtype=torch.float32)
@@ -237,11 +261,9 @@ def test_decode_attention_latency(name, rows, heads, kvh, hd, kv):
             t1.record()
             torch.cuda.synchronize()
             cold.append(t0.elapsed_time(t1) * 1e3)
-        results[f"{pool} after 1 GiB read"] = sorted(cold)[len(cold) // 2]
-        kc = vc = flush = None  # free the pool before the next one
-        torch.cuda.empty_cache()
-    print(f"\n[decode attention {name}: rows {rows}, heads {heads}/{kvh}, hd {hd}, kv {kv}] " +
-          ", ".join(f"{k} {v:.1f} us" for k, v in results.items()))
+        results.append(f"{variant} {hot:.1f} / {sorted(cold)[len(cold) // 2]:.1f} us")
+    print(f"\n[decode attention {name}: rows {rows}, heads {heads}/{kvh}, hd {hd}, kv {kv}; back to back / "
+          "after 1 GiB read] " + ", ".join(results))
 
 
 @pytest.mark.parametrize("start,n,heads,kvh,hd", [(0, 1, 4, 2, 64), (0, 37, 9, 3, 64), (100, 65, 16, 8, 128),

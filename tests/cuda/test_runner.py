@@ -336,8 +336,8 @@ def test_graph_buckets_batched_greedy_equals_alone(shape, model_dir):
 
 @pytest.mark.parametrize("shape", ["smollm2-135m", "qwen3-0.6b", "llama3.2-1b"])
 def test_decode_fast_paths_equal_earlier_kernels(shape, model_dir, monkeypatch):
-    """Programmatic dependent launch, the fused gate/up + SwiGLU GEMV and the one-kernel decode
-    attention change no arithmetic: decode logits (graphs, buckets 1 and 4, contexts long enough
+    """Programmatic dependent launch, the fused gate/up + SwiGLU GEMV and the decode attention's
+    prefetch and head grouping change no arithmetic: decode logits (graphs, buckets 1 and 4, contexts long enough
     for several attention pieces) and those of short prompts (<= 8 tokens: the GEMV path) equal
     those of a runner loaded with HEARTH_PDL=0 HEARTH_GEMV_SWIGLU=0 bit for bit; a missing wait
     would show here as a difference. RMSNorm inside the GEMVs sums the squares in another order:
@@ -372,13 +372,15 @@ def test_decode_fast_paths_equal_earlier_kernels(shape, model_dir, monkeypatch):
         finally:
             _free(runner)
 
-    fast = run(HEARTH_PDL="1", HEARTH_GEMV_SWIGLU="1", HEARTH_GEMV_NORM="1", HEARTH_ATTN_PREFETCH="0")
+    fast = run(HEARTH_PDL="1", HEARTH_GEMV_SWIGLU="1", HEARTH_GEMV_NORM="1", HEARTH_ATTN_PREFETCH="1")
     earlier = run(HEARTH_PDL="0", HEARTH_GEMV_SWIGLU="0")
     assert np.array_equal(fast, earlier)
-    # decode attention prefetching before rope ends (and rope letting it launch early): same bits
-    prefetch = run(HEARTH_PDL="1", HEARTH_GEMV_SWIGLU="1", HEARTH_ATTN_PREFETCH="1")
-    assert np.array_equal(fast, prefetch)
-    monkeypatch.setenv("HEARTH_ATTN_PREFETCH", "0")
+    # decode attention without its prefetch, with rope letting it launch early, or one head per
+    # block instead of the query group: same bits
+    for env in ({"HEARTH_ATTN_PREFETCH": "0"}, {"HEARTH_ATTN_PREFETCH": "early"}, {"HEARTH_DECODE_ATTN": "per-head"}):
+        assert np.array_equal(fast, run(HEARTH_PDL="1", HEARTH_GEMV_SWIGLU="1", **env)), env
+        for name in env:
+            monkeypatch.delenv(name)
     norm_kernels = run(HEARTH_PDL="1", HEARTH_GEMV_SWIGLU="1", HEARTH_GEMV_NORM="0")
     rel, top1 = _compare(fast, norm_kernels)
     print(f"\n[{shape}] RMSNorm in the GEMVs vs the rmsnorm kernels: rel {rel:.2e}, top-1 {top1 * 100:.1f}%")

@@ -1,6 +1,5 @@
-// Device helpers shared by the two paged-attention kernels: one warp folds a chunk of up to 32
-// keys into an online-softmax state (running max m, running sum l, unnormalized output acc).
-// Lane j scores key j; then every lane accumulates dims lane, lane+32, ... over the chunk's values.
+// Device helpers shared by the paged-attention kernels: one warp folds a chunk of up to 32 keys
+// into online-softmax states (running max m, running sum l, unnormalized output acc).
 #pragma once
 #include "../common.cuh"
 #include "kernels.h"
@@ -18,60 +17,96 @@ __device__ __forceinline__ size_t cache_slot(const int32_t* table, int block_siz
   return (size_t)table[key / block_size] * block_size + key % block_size;
 }
 
+// One warp folds a chunk of up to 32 keys of KV head `kvh` into the states of the G query heads
+// that share it (grouped-query attention: each K and V row is read once for all G). q_smem holds
+// the G queries, [G][HD] fp32. Lane j scores key j for each head; then every lane accumulates dims
+// lane, lane+32, ... over the chunk's values. The first group of value loads is issued with the
+// key loads (its addresses need only the slots), so K and V cost one round trip to memory, not
+// two. A head's arithmetic is the same expressions in the same order at any G.
+template <int HD, int G>
+__device__ __forceinline__ void fold_key_chunk_group(SoftmaxState<HD> (&st)[G], const float* q_smem,
+                                                     const int32_t* table, int block_size,
+                                                     int kv_heads, int kvh,
+                                                     const bf16* __restrict__ k_cache,
+                                                     const bf16* __restrict__ v_cache, int key0,
+                                                     int n_valid, float scale) {
+  const int lane = threadIdx.x & 31;
+  const bool valid = lane < n_valid;
+  // Lanes past n_valid take key0's slot: its loads are valid addresses, their values unused.
+  const size_t slot = cache_slot(table, block_size, key0 + (valid ? lane : 0));
+  uint4 k_raw[HD / 8];
+  {
+    const uint4* k = reinterpret_cast<const uint4*>(k_cache + (slot * kv_heads + kvh) * HD);
+#pragma unroll
+    for (int c = 0; c < HD / 8; ++c) k_raw[c] = k[c];
+  }
+  // Values in groups of kValueGroup keys: a group's loads are issued together, then summed in key
+  // order. Keys past n_valid in the last group add 0 * (the chunk's first value), so the sum is
+  // the same as stopping at n_valid.
+  constexpr int kValueGroup = HD <= 64 ? 32 : HD <= 128 ? 16 : 8;
+  float vj[kValueGroup][HD / 32];
+  auto load_values = [&](int j0) {
+#pragma unroll
+    for (int u = 0; u < kValueGroup; ++u) {
+      const int j = j0 + u < n_valid ? j0 + u : 0;
+      const size_t sj = __shfl_sync(0xffffffffu, slot, j);
+      const bf16* v = v_cache + (sj * kv_heads + kvh) * HD;
+#pragma unroll
+      for (int r = 0; r < HD / 32; ++r) vj[u][r] = __bfloat162float(v[lane + 32 * r]);
+    }
+  };
+  load_values(0);
+  float p[G];
+#pragma unroll
+  for (int g = 0; g < G; ++g) {
+    float s = -INFINITY;
+    if (valid) {
+      const float* q = q_smem + g * HD;
+      float dot = 0.f;
+#pragma unroll
+      for (int c = 0; c < HD / 8; ++c) {
+        const __nv_bfloat162* pairs = reinterpret_cast<const __nv_bfloat162*>(&k_raw[c]);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const float2 f = __bfloat1622float2(pairs[e]);
+          dot += f.x * q[c * 8 + 2 * e] + f.y * q[c * 8 + 2 * e + 1];
+        }
+      }
+      s = dot * scale;
+    }
+    const float new_m = fmaxf(st[g].m, warp_max(s));
+    const float corr = expf(st[g].m - new_m);  // 0 when st.m is -inf
+    p[g] = valid ? expf(s - new_m) : 0.f;
+    st[g].l = st[g].l * corr + warp_sum(p[g]);
+    st[g].m = new_m;
+#pragma unroll
+    for (int r = 0; r < HD / 32; ++r) st[g].acc[r] *= corr;
+  }
+  for (int j0 = 0; j0 < n_valid; j0 += kValueGroup) {
+    if (j0 > 0) load_values(j0);
+#pragma unroll
+    for (int u = 0; u < kValueGroup; ++u) {
+      const int j = j0 + u < n_valid ? j0 + u : 0;
+#pragma unroll
+      for (int g = 0; g < G; ++g) {
+        const float pj = j0 + u < n_valid ? __shfl_sync(0xffffffffu, p[g], j) : 0.f;
+#pragma unroll
+        for (int r = 0; r < HD / 32; ++r) st[g].acc[r] += pj * vj[u][r];
+      }
+    }
+  }
+}
+
+// One query head (the prefill scalar kernel and the per-head decode kernels).
 template <int HD>
 __device__ __forceinline__ void fold_key_chunk(SoftmaxState<HD>& st, const float* q_smem,
                                                const int32_t* table, int block_size, int kv_heads,
                                                int kvh, const bf16* __restrict__ k_cache,
                                                const bf16* __restrict__ v_cache, int key0,
                                                int n_valid, float scale) {
-  const int lane = threadIdx.x & 31;
-  const bool valid = lane < n_valid;
-  size_t slot = 0;
-  float s = -INFINITY;
-  if (valid) {
-    slot = cache_slot(table, block_size, key0 + lane);
-    const uint4* k = reinterpret_cast<const uint4*>(k_cache + (slot * kv_heads + kvh) * HD);
-    float dot = 0.f;
-#pragma unroll
-    for (int c = 0; c < HD / 8; ++c) {
-      const uint4 raw = k[c];
-      const __nv_bfloat162* pairs = reinterpret_cast<const __nv_bfloat162*>(&raw);
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const float2 f = __bfloat1622float2(pairs[e]);
-        dot += f.x * q_smem[c * 8 + 2 * e] + f.y * q_smem[c * 8 + 2 * e + 1];
-      }
-    }
-    s = dot * scale;
-  }
-  const float new_m = fmaxf(st.m, warp_max(s));
-  const float corr = expf(st.m - new_m);  // 0 when st.m is -inf
-  const float p = valid ? expf(s - new_m) : 0.f;
-  st.l = st.l * corr + warp_sum(p);
-  st.m = new_m;
-#pragma unroll
-  for (int r = 0; r < HD / 32; ++r) st.acc[r] *= corr;
-  // Values in groups of kValueGroup keys (the whole chunk up to head size 64): the group's loads
-  // are issued together, then summed in key order (one key at a time they were a chain of
-  // dependent global loads). Keys past n_valid in the last group add 0 * (the chunk's first
-  // value), so the sum is the same as stopping at n_valid.
-  constexpr int kValueGroup = HD <= 64 ? 32 : HD <= 128 ? 16 : 8;
-  for (int j0 = 0; j0 < n_valid; j0 += kValueGroup) {
-    float pj[kValueGroup], vj[kValueGroup][HD / 32];
-#pragma unroll
-    for (int u = 0; u < kValueGroup; ++u) {
-      const int j = j0 + u < n_valid ? j0 + u : 0;
-      pj[u] = j0 + u < n_valid ? __shfl_sync(0xffffffffu, p, j) : 0.f;
-      const size_t sj = __shfl_sync(0xffffffffu, slot, j);
-      const bf16* v = v_cache + (sj * kv_heads + kvh) * HD;
-#pragma unroll
-      for (int r = 0; r < HD / 32; ++r) vj[u][r] = __bfloat162float(v[lane + 32 * r]);
-    }
-#pragma unroll
-    for (int u = 0; u < kValueGroup; ++u)
-#pragma unroll
-      for (int r = 0; r < HD / 32; ++r) st.acc[r] += pj[u] * vj[u][r];
-  }
+  SoftmaxState<HD>(&one)[1] = *reinterpret_cast<SoftmaxState<HD>(*)[1]>(&st);
+  fold_key_chunk_group<HD, 1>(one, q_smem, table, block_size, kv_heads, kvh, k_cache, v_cache,
+                              key0, n_valid, scale);
 }
 
 // Calls f.template operator()<HD>() for the supported head sizes.

@@ -1,25 +1,27 @@
 // Paged decode attention for grouped-query heads: each row is one new token of one sequence,
 // attending to kv_lens[row] cached keys. One kernel:
+//   - a block serves G query heads that share one KV head (G = heads / kv_heads where that is 1-4
+//     and head size <= 128, else 1): each K and V row is read once for the whole group;
 //   - a row's keys are cut into pieces of split_len (>= 256 keys, chosen from the row's kv_len
 //     alone), so a long context spreads over many blocks;
-//   - block (head, row, z) takes pieces z, z + Z, ... (Z = gridDim.z, fewer when many rows x
-//     heads already fill the GPU), 8 warps x 32 keys at a time, and writes each piece's (max,
-//     sum, unnormalized output);
-//   - the block that completes a (row, head)'s last piece, found with an atomic counter, merges
+//   - block (head group, row, z) takes pieces z, z + Z, ... (Z = gridDim.z, fewer when many rows x
+//     groups already fill the GPU), 8 warps x 32 keys at a time, and writes each piece's (max,
+//     sum, unnormalized output) per head;
+//   - the block that completes a (row, group)'s last piece, found with an atomic counter, merges
 //     the pieces into out = softmax(q k^T * scale) v, fp32, in piece order. A row of one piece is
 //     written directly.
-// A piece's partial and the merge do not depend on Z or on the other rows, so a row's output is
+// A piece's partial and the merge do not depend on Z, G or the other rows, so a row's output is
 // bit-identical at any batch size. Decode is latency-bound at short contexts, so the code keeps
-// the chain of dependent memory accesses short: the value loads of a chunk are issued together,
-// the merge reads all pieces' (m, l) at once.
-// HEARTH_ATTN_PREFETCH=1 (opt-in, read per launch): before waiting for the previous kernel, each
+// the chain of dependent memory accesses short: before waiting for the previous kernel (rope), a
 // block reads its row's metadata and block table (written by the host before the step) and
-// prefetches into L2 the K and V rows of its first piece (all written by earlier steps but the
-// newest, and L2 is coherent with rope's write of that one); rope then lets this kernel launch
-// before rope's own wait, so the prefetch overlaps the qkv GEMV. The arithmetic is unchanged.
-// HEARTH_DECODE_ATTN=two-kernel (read per launch, so captured into the decode graphs at load):
-// the previous round's pair (4 warps, pieces of >= 128 keys, a grid of max_splits pieces, then a
-// merge kernel), kept to A/B the one-kernel version in one process (docs/PERF_NOTES.md).
+// prefetches its first piece of K and V into L2 (all written by earlier steps but the newest key,
+// and L2 is coherent with rope's write of that one); K and V loads are issued together.
+// HEARTH_ATTN_PREFETCH (read per launch, so captured into the decode graphs at load): 1 (default)
+// as above; 0 = no prefetch before the wait; early = also let rope trigger this launch before
+// rope's own wait, so the prefetch overlaps the qkv GEMV.
+// HEARTH_DECODE_ATTN (read per launch): grouped (default); per-head = G 1 always; two-kernel = the
+// previous round's pair (4 warps, pieces of >= 128 keys, a grid of max_splits pieces, then a merge
+// kernel). Kept to A/B in one process (docs/PERF_NOTES.md).
 #include <algorithm>
 
 #include "attention_common.cuh"
@@ -30,6 +32,7 @@ namespace hearth {
 
 constexpr int kDecodeWarps = 8;
 constexpr int kMinSplitLen = kDecodeWarps * 32;  // one chunk of 32 keys per warp
+constexpr int kMaxGroup = 4;                      // query heads per block at most
 
 // The piece length of a row: `split_len` when given (> 0), else chosen from the row's own kv_len
 // (at least kMinSplitLen keys, at most max_splits pieces), so a captured graph needs no host-side
@@ -40,18 +43,10 @@ __device__ __forceinline__ int row_split_len(int kv_len, int split_len, int max_
   return max(kMinSplitLen, s);
 }
 
-// Warm L2 (and the TLB) with this block's first piece of K and V; reads only what the host wrote.
+// Warm L2 (and the TLB) with one piece of K and V of KV head kvh; reads only what the host wrote.
 template <int HD>
-__device__ __forceinline__ void prefetch_first_piece(const PagedAttention& p, int split_len_arg,
-                                                     int max_splits) {
-  const int row = blockIdx.y;
-  const int kv_len = p.kv_lens[row];
-  const int split_len = row_split_len(kv_len, split_len_arg, max_splits);
-  const int start = blockIdx.z * split_len;
-  if (start >= kv_len) return;
-  const int end = min(kv_len, start + split_len);
-  const int32_t* table = p.block_tables + (size_t)p.row_table[row] * p.max_blocks;
-  const int kvh = blockIdx.x / (p.heads / p.kv_heads);
+__device__ __forceinline__ void prefetch_piece(const PagedAttention& p, const int32_t* table,
+                                               int kvh, int start, int end) {
   constexpr int kLines = (HD * 2 + 127) / 128;  // 128-byte lines per K or V row
   for (int key = start + threadIdx.x; key < end; key += blockDim.x) {
     const size_t offset = (cache_slot(table, p.block_size, key) * p.kv_heads + kvh) * HD;
@@ -63,72 +58,82 @@ __device__ __forceinline__ void prefetch_first_piece(const PagedAttention& p, in
   }
 }
 
-template <int HD>
+template <int HD, int G>
 __global__ void __launch_bounds__(kDecodeWarps * 32)
 decode_attention_kernel(PagedAttention p, int split_len_arg, int max_splits,
                         float* __restrict__ part_ml, float* __restrict__ part_acc,
                         int* __restrict__ counters, int prefetch) {
-  if (prefetch) prefetch_first_piece<HD>(p, split_len_arg, max_splits);
-  pdl_wait();
-  pdl_launch_dependents();
-  const int h = blockIdx.x, row = blockIdx.y;
+  // Metadata first: the host wrote it before the step, so it needs no wait.
+  const int h0 = blockIdx.x * G, row = blockIdx.y;
   const int kv_len = p.kv_lens[row];
-  const int table_row = p.row_table[row];
   const int split_len = row_split_len(kv_len, split_len_arg, max_splits);
   const int splits = (kv_len + split_len - 1) / split_len;
-  if ((int)blockIdx.z >= splits) return;
-  const int kvh = h / (p.heads / p.kv_heads);
-  const int32_t* table = p.block_tables + (size_t)table_row * p.max_blocks;
+  if ((int)blockIdx.z >= splits) return;  // reads nothing an earlier kernel wrote, writes nothing
+  const int kvh = h0 / (p.heads / p.kv_heads);
+  const int32_t* table = p.block_tables + (size_t)p.row_table[row] * p.max_blocks;
+  if (prefetch) {
+    const int start = blockIdx.z * split_len;
+    prefetch_piece<HD>(p, table, kvh, start, min(kv_len, start + split_len));
+  }
+  pdl_wait();
+  pdl_launch_dependents();
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  __shared__ float q_smem[HD];
-  __shared__ float m_smem[kDecodeWarps], l_smem[kDecodeWarps];
-  __shared__ float acc_smem[kDecodeWarps][HD];
-  __shared__ float piece_w[32];  // merge: each piece's weight exp(m_s - m)
-  __shared__ float piece_l[32];
+  __shared__ float q_smem[G * HD];
+  __shared__ float m_smem[G][kDecodeWarps], l_smem[G][kDecodeWarps];
+  __shared__ float acc_smem[G][kDecodeWarps][HD];
+  __shared__ float piece_w[G][32];  // merge: each piece's weight exp(m_s - m)
+  __shared__ float piece_l[G][32];
   __shared__ bool last_block;
-  const float* q = p.q + ((size_t)row * p.heads + h) * HD;
-  for (int i = threadIdx.x; i < HD; i += blockDim.x) q_smem[i] = q[i];
+  const float* q = p.q + ((size_t)row * p.heads + h0) * HD;  // the G heads' queries, adjacent
+  for (int i = threadIdx.x; i < G * HD; i += blockDim.x) q_smem[i] = q[i];
   __syncthreads();
-  const size_t head_row = (size_t)row * p.heads + h;
+  const size_t head_row = (size_t)row * p.heads + h0;  // (row, first head of the group)
   float* out = p.out + head_row * HD;
-  const size_t base = head_row * max_splits;
   int mine = 0;
   for (int split = blockIdx.z; split < splits; split += gridDim.z, ++mine) {
     const int start = split * split_len;
     const int end = min(kv_len, start + split_len);
-    SoftmaxState<HD> st;
+    SoftmaxState<HD> st[G];
     for (int key0 = start + warp * 32; key0 < end; key0 += kDecodeWarps * 32)
-      fold_key_chunk<HD>(st, q_smem, table, p.block_size, p.kv_heads, kvh, p.k_cache, p.v_cache,
-                         key0, min(32, end - key0), p.scale);
-    if (lane == 0) {
-      m_smem[warp] = st.m;
-      l_smem[warp] = st.l;
-    }
+      fold_key_chunk_group<HD, G>(st, q_smem, table, p.block_size, p.kv_heads, kvh, p.k_cache,
+                                  p.v_cache, key0, min(32, end - key0), p.scale);
 #pragma unroll
-    for (int r = 0; r < HD / 32; ++r) acc_smem[warp][lane + 32 * r] = st.acc[r];
+    for (int g = 0; g < G; ++g) {
+      if (lane == 0) {
+        m_smem[g][warp] = st[g].m;
+        l_smem[g][warp] = st[g].l;
+      }
+#pragma unroll
+      for (int r = 0; r < HD / 32; ++r) acc_smem[g][warp][lane + 32 * r] = st[g].acc[r];
+    }
     __syncthreads();
-    float m = -INFINITY;
-    for (int w = 0; w < kDecodeWarps; ++w) m = fmaxf(m, m_smem[w]);
-    float l = 0.f;
-    for (int w = 0; w < kDecodeWarps; ++w)
-      if (l_smem[w] > 0.f) l += l_smem[w] * expf(m_smem[w] - m);
+    float m[G], inv[G];
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+      m[g] = -INFINITY;
+      for (int w = 0; w < kDecodeWarps; ++w) m[g] = fmaxf(m[g], m_smem[g][w]);
+      float l = 0.f;
+      for (int w = 0; w < kDecodeWarps; ++w)
+        if (l_smem[g][w] > 0.f) l += l_smem[g][w] * expf(m_smem[g][w] - m[g]);
+      inv[g] = l > 0.f ? 1.f / l : 0.f;
+      if (splits > 1 && threadIdx.x == 0) {
+        const size_t part = (head_row + g) * max_splits + split;
+        part_ml[part * 2] = m[g];
+        part_ml[part * 2 + 1] = l;
+      }
+    }
     // One piece is the whole row: normalized and written directly. Else this piece's partial.
-    const float inv = l > 0.f ? 1.f / l : 0.f;
-    const size_t part = base + split;
-    for (int d = threadIdx.x; d < HD; d += blockDim.x) {
+    for (int i = threadIdx.x; i < G * HD; i += blockDim.x) {
+      const int g = i / HD, d = i % HD;
       float a = 0.f;
       for (int w = 0; w < kDecodeWarps; ++w)
-        if (l_smem[w] > 0.f) a += acc_smem[w][d] * expf(m_smem[w] - m);
+        if (l_smem[g][w] > 0.f) a += acc_smem[g][w][d] * expf(m_smem[g][w] - m[g]);
       if (splits == 1)
-        out[d] = a * inv;
+        out[i] = a * inv[g];
       else
-        part_acc[part * HD + d] = a;
+        part_acc[((head_row + g) * max_splits + split) * HD + d] = a;
     }
     if (splits == 1) return;
-    if (threadIdx.x == 0) {
-      part_ml[part * 2] = m;
-      part_ml[part * 2 + 1] = l;
-    }
     __syncthreads();  // m_smem / acc_smem are reused by the next piece
   }
   // Publish this block's pieces, then count them; the block that completes the count merges (and
@@ -143,24 +148,35 @@ decode_attention_kernel(PagedAttention p, int split_len_arg, int max_splits,
   __syncthreads();
   if (!last_block) return;
   __threadfence();
-  if (threadIdx.x < splits) {  // every piece's (m, l) in one round trip
-    piece_w[threadIdx.x] = __ldcg(part_ml + (base + threadIdx.x) * 2);
-    piece_l[threadIdx.x] = __ldcg(part_ml + (base + threadIdx.x) * 2 + 1);
+  if (threadIdx.x < G * splits) {  // every piece's (m, l) in one round trip
+    const int g = threadIdx.x / splits, s = threadIdx.x % splits;
+    const size_t part = (head_row + g) * max_splits + s;
+    piece_w[g][s] = __ldcg(part_ml + part * 2);
+    piece_l[g][s] = __ldcg(part_ml + part * 2 + 1);
   }
   __syncthreads();
-  float mm = -INFINITY;
-  for (int s = 0; s < splits; ++s) mm = fmaxf(mm, piece_w[s]);
-  float ll = 0.f;
-  for (int s = 0; s < splits; ++s) ll += piece_l[s] * expf(piece_w[s] - mm);
+  float mm[G], inv[G];
+#pragma unroll
+  for (int g = 0; g < G; ++g) {
+    mm[g] = -INFINITY;
+    for (int s = 0; s < splits; ++s) mm[g] = fmaxf(mm[g], piece_w[g][s]);
+    float ll = 0.f;
+    for (int s = 0; s < splits; ++s) ll += piece_l[g][s] * expf(piece_w[g][s] - mm[g]);
+    inv[g] = ll > 0.f ? 1.f / ll : 0.f;
+  }
   __syncthreads();
-  if (threadIdx.x < splits) piece_w[threadIdx.x] = expf(piece_w[threadIdx.x] - mm);
+  if (threadIdx.x < G * splits) {
+    const int g = threadIdx.x / splits, s = threadIdx.x % splits;
+    piece_w[g][s] = expf(piece_w[g][s] - mm[g]);
+  }
   __syncthreads();
-  const float inv = ll > 0.f ? 1.f / ll : 0.f;
-  for (int d = threadIdx.x; d < HD; d += blockDim.x) {
+  for (int i = threadIdx.x; i < G * HD; i += blockDim.x) {
+    const int g = i / HD, d = i % HD;
+    const float* acc = part_acc + (head_row + g) * max_splits * HD + d;
     float a = 0.f;
 #pragma unroll 8
-    for (int s = 0; s < splits; ++s) a += __ldcg(part_acc + (base + s) * HD + d) * piece_w[s];
-    out[d] = a * inv;
+    for (int s = 0; s < splits; ++s) a += __ldcg(acc + s * HD) * piece_w[g][s];
+    out[i] = a * inv[g];
   }
 }
 
@@ -251,9 +267,37 @@ __global__ void merge_kernel(PagedAttention p, int split_len, int max_splits,
 
 }  // namespace two_kernel
 
-bool decode_attention_prefetch() { return env_is("HEARTH_ATTN_PREFETCH", "1"); }
+// The kernel of one head size for a group of 1-4 query heads (2-4 only up to head size 128).
+template <int HD>
+void launch_decode_attention_grouped(int group, dim3 grid, cudaStream_t stream,
+                                     const PagedAttention& p, int split_len, int max_splits,
+                                     float* partial_ml, float* partial_acc, int* counters,
+                                     int prefetch) {
+  auto launch = [&](auto kernel) {
+    launch_pdl(kernel, grid, kDecodeWarps * 32, 0, stream, p, split_len, max_splits, partial_ml,
+               partial_acc, counters, prefetch);
+  };
+  if constexpr (HD <= 128) {
+    if (group == 2) return launch(decode_attention_kernel<HD, 2>);
+    if (group == 3) return launch(decode_attention_kernel<HD, 3>);
+    if (group == 4) return launch(decode_attention_kernel<HD, 4>);
+  }
+  HEARTH_REQUIRE(group == 1, "decode_attention: unsupported head group");
+  launch(decode_attention_kernel<HD, 1>);
+}
+
+int decode_attention_prefetch() {
+  if (env_is("HEARTH_ATTN_PREFETCH", "0")) return 0;
+  return env_is("HEARTH_ATTN_PREFETCH", "early") ? 2 : 1;
+}
 
 bool decode_attention_two_kernel() { return env_is("HEARTH_DECODE_ATTN", "two-kernel"); }
+
+int decode_attention_group(int heads, int kv_heads, int head_dim) {
+  const int group = heads / kv_heads;
+  if (env_is("HEARTH_DECODE_ATTN", "per-head") || group > kMaxGroup || head_dim > 128) return 1;
+  return group;
+}
 
 int decode_attention_grid_splits(int rows, int heads, int max_splits) {
   static const int sms = device_attribute(cudaDevAttrMultiProcessorCount, 132);  // one GPU
@@ -285,10 +329,13 @@ void launch_decode_attention(const PagedAttention& p, int split_len, int max_spl
     });
     return;
   }
-  dim3 grid(p.heads, p.rows, decode_attention_grid_splits(p.rows, p.heads, max_splits));
+  const int group = decode_attention_group(p.heads, p.kv_heads, p.head_dim);
+  const int blocks_x = p.heads / group;
+  dim3 grid(blocks_x, p.rows, decode_attention_grid_splits(p.rows, blocks_x, max_splits));
+  const int prefetch = decode_attention_prefetch() ? 1 : 0;
   HEARTH_DISPATCH_HEAD_DIM(p.head_dim, {
-    launch_pdl(decode_attention_kernel<HD>, grid, kDecodeWarps * 32, 0, stream, p, split_len,
-               max_splits, partial_ml, partial_acc, counters, decode_attention_prefetch() ? 1 : 0);
+    launch_decode_attention_grouped<HD>(group, grid, stream, p, split_len, max_splits, partial_ml,
+                                        partial_acc, counters, prefetch);
     HEARTH_CHECK_LAUNCH("decode_attention_kernel");
   });
 }

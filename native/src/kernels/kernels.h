@@ -54,16 +54,18 @@ struct PagedAttention {
 // last piece's block in the same kernel. `counters`: rows * heads ints, zero before the first
 // launch; each launch leaves them zero. split_len 0: each row picks its own from its kv_len
 // (max(256, kv_len / max_splits rounded up to 32)); a given split_len times max_splits (<= 32)
-// must cover every row. decode_attention_grid_splits: the blocks per (row, head) of a launch.
+// must cover every row. A block serves decode_attention_group(...) query heads sharing one KV head;
+// decode_attention_grid_splits: the blocks per (row, head group) of a launch.
 void launch_decode_attention(const PagedAttention& p, int split_len, int max_splits,
                              float* partial_ml, float* partial_acc, int* counters,
                              cudaStream_t stream);
 int decode_attention_grid_splits(int rows, int heads, int max_splits);
+int decode_attention_group(int heads, int kv_heads, int head_dim);
 // HEARTH_DECODE_ATTN=two-kernel: the previous round's split + merge pair instead (A/B).
 bool decode_attention_two_kernel();
-// HEARTH_ATTN_PREFETCH=1: decode attention prefetches its first piece of K / V before waiting for
-// rope, and rope lets it launch early (opt-in until measured).
-bool decode_attention_prefetch();
+// HEARTH_ATTN_PREFETCH: 1 (default) decode attention prefetches its first piece of K / V before
+// waiting for rope; 0 = not; early (2) = also rope lets it launch before rope's own wait.
+int decode_attention_prefetch();
 
 // attention_prefill.cu: many queries (a prompt chunk) attending causally to the paged cache.
 // launch_prefill_attention picks the variant from HEARTH_PREFILL_ATTN: tc (default: tensor cores,

@@ -15,7 +15,7 @@ __global__ void rope_kv_write_kernel(const float* __restrict__ qkv, int heads, i
                                      const float* __restrict__ inv_freq, float* __restrict__ q_out,
                                      bf16* __restrict__ k_cache, bf16* __restrict__ v_cache,
                                      int early_trigger) {
-  // early_trigger (HEARTH_ATTN_PREFETCH=1): the next kernel (decode attention) may launch before
+  // early_trigger (HEARTH_ATTN_PREFETCH=early): the next kernel (decode attention) may launch before
   // this one waits, so its prefetch overlaps the qkv GEMV; it still waits for this kernel's end.
   if (early_trigger) pdl_launch_dependents();
   pdl_wait();
@@ -62,7 +62,7 @@ void launch_rope_kv_write(const float* qkv, int tokens, int heads, int kv_heads,
   const int threads = head_dim / 2 < 128 ? ((head_dim / 2 + 31) / 32) * 32 : 128;
   launch_pdl(rope_kv_write_kernel, grid, threads, 0, stream, qkv, heads, kv_heads, head_dim,
              positions, slots, inv_freq, q_out, k_cache, v_cache,
-             decode_attention_prefetch() ? 1 : 0);
+             decode_attention_prefetch() == 2 ? 1 : 0);
   HEARTH_CHECK_LAUNCH("rope_kv_write_kernel");
 }
 
