@@ -199,11 +199,13 @@ def bench_prefill_variant(runner, vocab: int, env: str, value: str) -> dict:
                                "second_turn_ttft_ms": 1e3 * second, "second_turn_ratio": second / alone}}
 
 
-# The decode kernels of the previous round, for the A/B: no programmatic dependent launch, gate/up
-# GEMV then a separate swiglu kernel, RMSNorm kernels, two hi/lo products for buckets of 16+, the
-# split + merge decode attention (all read when the decode graphs are captured, at load).
+# The decode kernels of rounds 1-4, for the A/B: no programmatic dependent launch, gate/up GEMV
+# then a separate swiglu kernel, RMSNorm kernels, two hi/lo products for buckets of 16+ with their
+# own split / add kernels, the split + merge decode attention without prefetch (all read when the
+# decode graphs are captured, at load).
 EARLIER_DECODE = {"HEARTH_PDL": "0", "HEARTH_GEMV_SWIGLU": "0", "HEARTH_GEMV_NORM": "0",
-                  "HEARTH_DECODE_GEMM": "split", "HEARTH_DECODE_ATTN": "two-kernel"}
+                  "HEARTH_DECODE_GEMM": "split", "HEARTH_DECODE_GEMM_FUSE": "0", "HEARTH_DECODE_ATTN": "two-kernel",
+                  "HEARTH_ATTN_PREFETCH": "0"}
 
 
 def bench_decode_variant(info, max_batch: int, tokens: int, env: dict) -> dict:
@@ -227,10 +229,11 @@ def bench_decode_variant(info, max_batch: int, tokens: int, env: dict) -> dict:
     return {" ".join(f"{k}={v}" for k, v in env.items()): out}
 
 
-# Other decode paths --ab-each measures against the defaults: the decode attention without its
-# prefetch, with rope letting it launch early, and with one query head per block.
-CANDIDATE_DECODE = [{"HEARTH_ATTN_PREFETCH": "0"}, {"HEARTH_ATTN_PREFETCH": "early"},
-                    {"HEARTH_DECODE_ATTN": "per-head"}]
+# Other decode paths --ab-each measures against the defaults: the decode attention with its
+# prefetch but rope triggering it after rope's wait, and with one query head per block or the
+# whole group per block at every batch.
+CANDIDATE_DECODE = [{"HEARTH_ATTN_PREFETCH": "1"}, {"HEARTH_DECODE_ATTN": "per-head"},
+                    {"HEARTH_DECODE_ATTN": "grouped"}]
 
 
 def decode_variants(ab: bool, ab_each: bool) -> list[dict]:

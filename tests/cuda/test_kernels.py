@@ -159,8 +159,10 @@ def _decode_attention(q, kc, vc, tables, lens, heads, kvh, hd, max_blocks, split
     return out
 
 
-# "grouped:0" = HEARTH_DECODE_ATTN=grouped (the default) with HEARTH_ATTN_PREFETCH=0, and so on.
-DECODE_ATTENTION_VARIANTS = ["grouped:1", "grouped:0", "grouped:early", "per-head:1", "two-kernel:0"]
+# "grouped:0" = HEARTH_DECODE_ATTN=grouped with HEARTH_ATTN_PREFETCH=0, and so on (auto:early: the
+# defaults, one head per block for few rows x heads, the group per block for many).
+DECODE_ATTENTION_VARIANTS = ["auto:early", "grouped:early", "grouped:0", "per-head:early", "per-head:0",
+                             "two-kernel:0"]
 
 
 @pytest.mark.parametrize("lens,heads,kvh,hd", [([1], 4, 4, 64), ([17, 300], 9, 3, 64), ([4099, 1, 640], 32, 8, 128),

@@ -372,12 +372,13 @@ def test_decode_fast_paths_equal_earlier_kernels(shape, model_dir, monkeypatch):
         finally:
             _free(runner)
 
-    fast = run(HEARTH_PDL="1", HEARTH_GEMV_SWIGLU="1", HEARTH_GEMV_NORM="1", HEARTH_ATTN_PREFETCH="1")
+    fast = run(HEARTH_PDL="1", HEARTH_GEMV_SWIGLU="1", HEARTH_GEMV_NORM="1")
     earlier = run(HEARTH_PDL="0", HEARTH_GEMV_SWIGLU="0")
     assert np.array_equal(fast, earlier)
-    # decode attention without its prefetch, with rope letting it launch early, or one head per
-    # block instead of the query group: same bits
-    for env in ({"HEARTH_ATTN_PREFETCH": "0"}, {"HEARTH_ATTN_PREFETCH": "early"}, {"HEARTH_DECODE_ATTN": "per-head"}):
+    # decode attention without rope letting it launch early, without its prefetch, with one head
+    # per block or the query group per block at every bucket: same bits
+    for env in ({"HEARTH_ATTN_PREFETCH": "1"}, {"HEARTH_ATTN_PREFETCH": "0"}, {"HEARTH_DECODE_ATTN": "per-head"},
+                {"HEARTH_DECODE_ATTN": "grouped"}):
         assert np.array_equal(fast, run(HEARTH_PDL="1", HEARTH_GEMV_SWIGLU="1", **env)), env
         for name in env:
             monkeypatch.delenv(name)
@@ -418,6 +419,39 @@ def test_large_bucket_decodes_like_alone(gemm, bar, model_dir, monkeypatch):
         _assert_pool_full(runner)
     finally:
         _free(runner)
+
+
+@pytest.mark.parametrize("shape", ["smollm2-135m", "qwen3-0.6b"])
+def test_fused_decode_gemm_neighbours_change_no_bits(shape, model_dir, monkeypatch):
+    """RMSNorm / SwiGLU adding the stacked product's halves and writing the next product's hi / lo
+    operand (the default) give the logits of the separate add-halves and split kernels
+    (HEARTH_DECODE_GEMM_FUSE=0) bit for bit, in buckets 16 and 32 and in the 8-row GEMV bucket
+    (which has no stacked product); Qwen3 adds q / k norms after the qkv product."""
+    info = _inspect(model_dir(shape))
+    rng = np.random.default_rng(6)
+    prompts = [rng.integers(0, info.decoder.vocab_size, int(n)).tolist() for n in rng.integers(3, 300, 20)]
+    steps = [rng.integers(0, info.decoder.vocab_size, len(prompts)).tolist() for _ in range(3)]
+
+    def run(fuse):
+        monkeypatch.setenv("HEARTH_DECODE_GEMM_FUSE", fuse)
+        runner = _cuda_runner(info, max_batch=32)
+        try:
+            seqs = [runner.allocate_sequence() for _ in prompts]
+            for s, p in zip(seqs, prompts):
+                runner.prefill(s, p)
+            out = []
+            for toks in steps:
+                for rows in (20, 16, 7):  # buckets 32, 16, 8
+                    runner.decode(seqs[:rows], toks[:rows])
+                    out.append(runner.last_logits())
+            for s in seqs:
+                runner.release_sequence(s)
+            _assert_pool_full(runner)
+            return np.concatenate(out)
+        finally:
+            _free(runner)
+
+    assert np.array_equal(run("1"), run("0"))
 
 
 @pytest.mark.parametrize("layout", ["same", "sharded_fp16_fp32"])

@@ -1,7 +1,10 @@
 // Paged decode attention for grouped-query heads: each row is one new token of one sequence,
 // attending to kv_lens[row] cached keys. One kernel:
-//   - a block serves G query heads that share one KV head (G = heads / kv_heads where that is 1-4
-//     and head size <= 128, else 1): each K and V row is read once for the whole group;
+//   - a block serves G query heads that share one KV head (G = heads / kv_heads where that is 1-4,
+//     head size <= 128 and rows x heads fill the GPU twice over, else 1): each K and V row is read
+//     once for the whole group. With few rows one head per block is faster (more blocks share the
+//     chain of dependent loads: 8B batch 1, 256 keys, 8.0 against 15.5 us), with many the group
+//     is (8B 64 rows, 144 keys: 57 against 131 us; test_decode_attention_latency, H200);
 //   - a row's keys are cut into pieces of split_len (>= 256 keys, chosen from the row's kv_len
 //     alone), so a long context spreads over many blocks;
 //   - block (head group, row, z) takes pieces z, z + Z, ... (Z = gridDim.z, fewer when many rows x
@@ -16,10 +19,12 @@
 // block reads its row's metadata and block table (written by the host before the step) and
 // prefetches its first piece of K and V into L2 (all written by earlier steps but the newest key,
 // and L2 is coherent with rope's write of that one); K and V loads are issued together.
-// HEARTH_ATTN_PREFETCH (read per launch, so captured into the decode graphs at load): 1 (default)
-// as above; 0 = no prefetch before the wait; early = also let rope trigger this launch before
-// rope's own wait, so the prefetch overlaps the qkv GEMV.
-// HEARTH_DECODE_ATTN (read per launch): grouped (default); per-head = G 1 always; two-kernel = the
+// HEARTH_ATTN_PREFETCH (read per launch, so captured into the decode graphs at load): early
+// (default: rope also triggers this launch before its own wait, so the prefetch overlaps the qkv
+// GEMV: 135M batch 1 +6 %, 8B unchanged, bench --ab-each); 1 = prefetch, rope triggers after its
+// wait; 0 = no prefetch before the wait.
+// HEARTH_DECODE_ATTN (read per launch): auto (default, as above); grouped = G heads / kv_heads
+// always (where supported); per-head = G 1 always; two-kernel = the
 // previous round's pair (4 warps, pieces of >= 128 keys, a grid of max_splits pieces, then a merge
 // kernel). Kept to A/B in one process (docs/PERF_NOTES.md).
 #include <algorithm>
@@ -288,15 +293,17 @@ void launch_decode_attention_grouped(int group, dim3 grid, cudaStream_t stream,
 
 int decode_attention_prefetch() {
   if (env_is("HEARTH_ATTN_PREFETCH", "0")) return 0;
-  return env_is("HEARTH_ATTN_PREFETCH", "early") ? 2 : 1;
+  return env_is("HEARTH_ATTN_PREFETCH", "1") ? 1 : 2;
 }
 
 bool decode_attention_two_kernel() { return env_is("HEARTH_DECODE_ATTN", "two-kernel"); }
 
-int decode_attention_group(int heads, int kv_heads, int head_dim) {
+int decode_attention_group(int rows, int heads, int kv_heads, int head_dim) {
+  static const int sms = device_attribute(cudaDevAttrMultiProcessorCount, 132);  // one GPU
   const int group = heads / kv_heads;
   if (env_is("HEARTH_DECODE_ATTN", "per-head") || group > kMaxGroup || head_dim > 128) return 1;
-  return group;
+  if (env_is("HEARTH_DECODE_ATTN", "grouped")) return group;
+  return (long long)rows * heads >= 2LL * sms ? group : 1;
 }
 
 int decode_attention_grid_splits(int rows, int heads, int max_splits) {
@@ -329,7 +336,7 @@ void launch_decode_attention(const PagedAttention& p, int split_len, int max_spl
     });
     return;
   }
-  const int group = decode_attention_group(p.heads, p.kv_heads, p.head_dim);
+  const int group = decode_attention_group(p.rows, p.heads, p.kv_heads, p.head_dim);
   const int blocks_x = p.heads / group;
   dim3 grid(blocks_x, p.rows, decode_attention_grid_splits(p.rows, blocks_x, max_splits));
   const int prefetch = decode_attention_prefetch() ? 1 : 0;

@@ -212,19 +212,22 @@ void launch_gemm(const float* x, const bf16* w, float* out, int rows, int n, int
   HEARTH_REQUIRE(rows >= 0 && n > 0 && k > 0, "gemm: bad shape");
   HEARTH_REQUIRE(mode != GemmActivations::Stacked || stacked,
                  "gemm: the stacked product needs its [2 rows, n] output buffer");
+  HEARTH_REQUIRE((x && out) || (mode == GemmActivations::Stacked && cublaslt_available() && split),
+                 "gemm: a split operand or stacked output needs the stacked cuBLASLt product");
   if (rows == 0) return;
 #ifdef HEARTH_WITH_CUBLASLT
   if (cublaslt_available() && split) {
     if (!workspace) workspace_bytes = 0;
     bf16* hi = split;
     bf16* lo = split + (size_t)rows * k;
-    launch_split_bf16(x, hi, lo, (int64_t)rows * k, stream);
+    if (x) launch_split_bf16(x, hi, lo, (int64_t)rows * k, stream);
     const float alpha = 1.f, zero = 0.f, one = 1.f;
     if (mode == GemmActivations::Stacked) {  // [hi; lo] as one operand of 2 rows
       const LtPlan& plan = lt_plan(2 * rows, n, k, workspace_bytes);
       check_lt(lt().matmul(lt().handle, plan.desc, &alpha, w, plan.a, hi, plan.b, &zero, stacked,
                            plan.c, stacked, plan.c, &plan.algo, workspace, workspace_bytes, stream),
                "Matmul");
+      if (!out) return;  // the caller's next kernel adds the halves as it reads them
       const int64_t half = (int64_t)rows * n;
       const int blocks = (int)std::min<int64_t>((half + 255) / 256, 2048);
       add_halves_kernel<<<blocks, 256, 0, stream>>>(stacked, out, half);

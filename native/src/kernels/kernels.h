@@ -15,10 +15,13 @@ using bf16 = __nv_bfloat16;
 void launch_embedding(const int32_t* ids, int tokens, const bf16* table, int vocab, int hidden,
                       float* out, cudaStream_t stream, float* sum_squares = nullptr);
 
-// rmsnorm.cu: residual += delta (when delta != nullptr), then
-// out = residual * rsqrt(mean(residual^2) + eps) * weight, per row (fp32).
+// rmsnorm.cu: residual += delta (when delta != nullptr; + delta_lo too when given: the halves of a
+// stacked product), then out = residual * rsqrt(mean(residual^2) + eps) * weight, per row (fp32),
+// or, with out == nullptr, written as a product's bf16 operand out_hi / out_lo (as launch_split_bf16).
 void launch_rmsnorm_residual(float* residual, const float* delta, const bf16* weight, float* out,
-                             int rows, int hidden, float eps, cudaStream_t stream);
+                             int rows, int hidden, float eps, cudaStream_t stream,
+                             const float* delta_lo = nullptr, bf16* out_hi = nullptr,
+                             bf16* out_lo = nullptr);
 
 // bias.cu: x[r, c] += bias[c] for x [rows, cols].
 void launch_add_bias(float* x, const bf16* bias, int rows, int cols, cudaStream_t stream);
@@ -60,11 +63,12 @@ void launch_decode_attention(const PagedAttention& p, int split_len, int max_spl
                              float* partial_ml, float* partial_acc, int* counters,
                              cudaStream_t stream);
 int decode_attention_grid_splits(int rows, int heads, int max_splits);
-int decode_attention_group(int heads, int kv_heads, int head_dim);
+int decode_attention_group(int rows, int heads, int kv_heads, int head_dim);
 // HEARTH_DECODE_ATTN=two-kernel: the previous round's split + merge pair instead (A/B).
 bool decode_attention_two_kernel();
-// HEARTH_ATTN_PREFETCH: 1 (default) decode attention prefetches its first piece of K / V before
-// waiting for rope; 0 = not; early (2) = also rope lets it launch before rope's own wait.
+// HEARTH_ATTN_PREFETCH: decode attention prefetches its first piece of K / V before waiting for
+// rope, and rope lets it launch before rope's own wait (early = 2, the default); 1 = the prefetch
+// alone; 0 = neither.
 int decode_attention_prefetch();
 
 // attention_prefill.cu: many queries (a prompt chunk) attending causally to the paged cache.
@@ -90,8 +94,10 @@ void launch_prefill_attention_tc(const PagedAttention& p, bool split, cudaStream
                                  float* part_acc = nullptr);
 void launch_prefill_attention_scalar(const PagedAttention& p, cudaStream_t stream);
 
-// swiglu.cu: gate_up [rows, 2*inter] (gate first) -> out [rows, inter] = silu(gate) * up.
-void launch_swiglu(const float* gate_up, float* out, int rows, int inter, cudaStream_t stream);
+// swiglu.cu: gate_up [rows, 2*inter] (gate first) -> out [rows, inter] = silu(gate) * up; the same
+// two options as launch_rmsnorm_residual (gate_up + gate_up_lo in, out_hi / out_lo out).
+void launch_swiglu(const float* gate_up, float* out, int rows, int inter, cudaStream_t stream,
+                   const float* gate_up_lo = nullptr, bf16* out_hi = nullptr, bf16* out_lo = nullptr);
 
 // Activations stay fp32 between ops; weights are bf16; products accumulate in fp32.
 // gemv.cu: out [rows, n] fp32 = x [rows, k] fp32 @ w [n, k]^T bf16, rows <= kGemvMaxRows.
@@ -132,6 +138,8 @@ void launch_gemv_swiglu(const float* x, const bf16* w_gate_up, float* out, int r
 // read once, the same two products). Bf16: x rounded to bf16 once, one product (~3 significant
 // digits in the activations, as transformers' bf16 path; misses the accuracy bar on the random
 // 1B / 8B, so only with HEARTH_DECODE_GEMM=bf16: see model.h).
+// Stacked with cuBLASLt only: x == nullptr means `split` already holds [hi; lo] (a fused producer
+// wrote it), out == nullptr leaves the two halves in `stacked` for a consumer that adds them.
 enum class GemmActivations { Split, Stacked, Bf16 };
 void launch_gemm(const float* x, const bf16* w, float* out, int rows, int n, int k, bf16* split,
                  void* workspace, size_t workspace_bytes, cudaStream_t stream,

@@ -15,7 +15,7 @@ __global__ void rope_kv_write_kernel(const float* __restrict__ qkv, int heads, i
                                      const float* __restrict__ inv_freq, float* __restrict__ q_out,
                                      bf16* __restrict__ k_cache, bf16* __restrict__ v_cache,
                                      int early_trigger) {
-  // early_trigger (HEARTH_ATTN_PREFETCH=early): the next kernel (decode attention) may launch before
+  // early_trigger (HEARTH_ATTN_PREFETCH=early, the default): the next kernel (decode attention) may launch before
   // this one waits, so its prefetch overlaps the qkv GEMV; it still waits for this kernel's end.
   if (early_trigger) pdl_launch_dependents();
   pdl_wait();

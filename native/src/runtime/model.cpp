@@ -117,6 +117,7 @@ Model::Model(const ModelConfig& config, const CacheConfig& cache) : cfg_(config)
                                                            : GemmActivations::Stacked;
     gemv_swiglu_ = !env_is("HEARTH_GEMV_SWIGLU", "0");
     gemv_norm_ = !env_is("HEARTH_GEMV_NORM", "0");
+    gemm_fuse_ = !env_is("HEARTH_DECODE_GEMM_FUSE", "0");
   }
   HEARTH_CUDA(cudaSetDevice(0));
   plan_memory();
@@ -625,11 +626,23 @@ void Model::run_layers(int T, int table_stride, bool decode_mode, int logit_firs
   const int32_t* d_tables = meta_ + 5 * T;
 
   in_decode_ = decode_mode;
-  // Up to kGemvMaxRows rows: RMSNorm lives in the GEMVs (o / down add into the residual stream and
+  // Up to kGemvNormMaxRows rows: RMSNorm lives in the GEMVs (o / down add into the residual stream and
   // leave its sums of squares; qkv / gate-up / lm_head normalize on the fly): no norm kernels.
-  const bool fused_norm = gemv_norm_ && T <= kGemvMaxRows && H % 8 == 0 && q_size_ % 8 == 0 &&
+  const bool fused_norm = gemv_norm_ && T <= kGemvNormMaxRows && H % 8 == 0 && q_size_ % 8 == 0 &&
                           I % 8 == 0;
   launch_embedding(d_ids, T, embed_, V, H, resid_, stream_, fused_norm ? norm_parts_ : nullptr);
+  // Stacked decode GEMM with its neighbours fused (model.h): o / down leave their two halves in
+  // stacked_ (the residual delta), RMSNorm and SwiGLU write the hi / lo operand into split_.
+  const bool gemm_fused = gemm_fuse_ && decode_mode && stacked_ &&
+                          decode_gemm_ == GemmActivations::Stacked && T > kGemvMaxRows &&
+                          cublaslt_available();
+  auto gemm_stacked = [&](const float* x, const bf16* w, float* out, int n, int k) {
+    launch_gemm(x, w, out, T, n, k, split_, lt_workspace_, lt_workspace_bytes_, stream_,
+                GemmActivations::Stacked, stacked_);
+  };
+  const float* delta = gemm_fused ? stacked_ : delta_;
+  const float* delta_lo = gemm_fused ? stacked_ + (size_t)T * H : nullptr;
+  bf16* hi = gemm_fused ? split_ : nullptr;
   int norm_count = 1;  // partial sums of squares per row in norm_parts_: embedding, o, down
   const int o_blocks = fused_norm ? gemv_blocks(T, H, q_size_) : 0;
   const int down_blocks = fused_norm ? gemv_blocks(T, H, I) : 0;
@@ -639,6 +652,10 @@ void Model::run_layers(int T, int table_stride, bool decode_mode, int logit_firs
     if (fused_norm) {
       const GemvNorm norm{lw.attn_norm, norm_parts_, norm_count, cfg_.rms_eps};
       launch_gemv(resid_, lw.wqkv, qkv_, T, qkv_size_, H, stream_, &norm);
+    } else if (gemm_fused) {
+      launch_rmsnorm_residual(resid_, l == 0 ? nullptr : delta, lw.attn_norm, nullptr, T, H,
+                              cfg_.rms_eps, stream_, l == 0 ? nullptr : delta_lo, hi, hi + (size_t)T * H);
+      gemm_stacked(nullptr, lw.wqkv, qkv_, qkv_size_, H);
     } else {
       launch_rmsnorm_residual(resid_, l == 0 ? nullptr : delta_, lw.attn_norm, xn_, T, H, cfg_.rms_eps, stream_);
       matmul(xn_, lw.wqkv, qkv_, T, qkv_size_, H);
@@ -677,6 +694,16 @@ void Model::run_layers(int T, int table_stride, bool decode_mode, int logit_firs
       norm_count = down_blocks;
       continue;
     }
+    if (gemm_fused) {
+      gemm_stacked(xn_, lw.wo, nullptr, H, q_size_);
+      launch_rmsnorm_residual(resid_, delta, lw.mlp_norm, nullptr, T, H, cfg_.rms_eps, stream_,
+                              delta_lo, hi, hi + (size_t)T * H);
+      gemm_stacked(nullptr, lw.wgu, nullptr, 2 * I, H);
+      launch_swiglu(stacked_, nullptr, T, I, stream_, stacked_ + (size_t)T * 2 * I, hi,
+                    hi + (size_t)T * I);
+      gemm_stacked(nullptr, lw.wdown, nullptr, H, I);
+      continue;
+    }
     matmul(xn_, lw.wo, delta_, T, H, q_size_);
     launch_rmsnorm_residual(resid_, delta_, lw.mlp_norm, xn_, T, H, cfg_.rms_eps, stream_);
     if (gemv_swiglu_ && T <= kGemvMaxRows && gemv_swiglu_supported(T, I, H)) {
@@ -696,8 +723,8 @@ void Model::run_layers(int T, int table_stride, bool decode_mode, int logit_firs
     launch_gemv(resid_ + first, lm_head_, logits_, logit_count, V, H, stream_, &norm);
     return;
   }
-  launch_rmsnorm_residual(resid_ + first, delta_ + first, final_norm_, xn_, logit_count, H,
-                          cfg_.rms_eps, stream_);
+  launch_rmsnorm_residual(resid_ + first, delta + first, final_norm_, xn_, logit_count, H,
+                          cfg_.rms_eps, stream_, delta_lo ? delta_lo + first : nullptr);
   matmul(xn_, lm_head_, logits_, logit_count, V, H);
 }
 

@@ -135,14 +135,22 @@ class Model {
   // (one product over bf16-rounded activations: 8B b64 4,556 -> 6,907 tok/s, but the 1B / 8B
   // teacher-forced bucket-32 rows miss the bar: 96.4 % top-1 / 2.6e-2).
   GemmActivations decode_gemm_ = GemmActivations::Stacked;
-  float* stacked_ = nullptr;
-  float* norm_parts_ = nullptr;  // [kGemvMaxRows, <= hidden] sums of squares of residual rows  // [2 * max_batch, widest n] fp32, where max_batch > kGemvMaxRows
+  float* stacked_ = nullptr;     // [2 * max_batch, widest n] fp32, where max_batch > kGemvMaxRows
+  float* norm_parts_ = nullptr;  // [kGemvNormMaxRows, <= hidden] sums of squares of residual rows
   bool in_decode_ = false;
   // Gate/up GEMV with the SwiGLU epilogue at <= kGemvMaxRows rows (HEARTH_GEMV_SWIGLU=0: the
   // GEMV, then the swiglu kernel). Read at construction; graphs capture the choice.
   bool gemv_swiglu_ = true;
-  // RMSNorm fused into the GEMVs at <= kGemvMaxRows rows (HEARTH_GEMV_NORM=0: the rmsnorm kernels).
+  // RMSNorm fused into the GEMVs at <= kGemvNormMaxRows rows (HEARTH_GEMV_NORM=0: the rmsnorm
+  // kernels). At 8 rows the norm prologue cost the 135M 17 % of its b8 decode (bench --ab-each,
+  // 2026-12-03; 8B unchanged), so 8-row steps use the norm kernels.
+  static constexpr int kGemvNormMaxRows = 4;
   bool gemv_norm_ = true;
+  // Stacked decode GEMM steps without the add-halves and split kernels: RMSNorm adds the halves of
+  // the o / down products as it reads them and writes the next product's bf16 hi / lo operand,
+  // SwiGLU likewise between gate/up and down (HEARTH_DECODE_GEMM_FUSE=0: separate kernels; read
+  // at construction). The same bits either way.
+  bool gemm_fuse_ = true;
   // Prefill attention key split (flash-decoding style) for few query tiles over long history:
   // HEARTH_PREFILL_KSPLIT=0 turns it off (read per prefill forward). Partials share part_ml_ /
   // part_acc_ with decode.
