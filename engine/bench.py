@@ -205,7 +205,7 @@ def bench_prefill_variant(runner, vocab: int, env: str, value: str) -> dict:
 # decode graphs are captured, at load).
 EARLIER_DECODE = {"HEARTH_PDL": "0", "HEARTH_GEMV_SWIGLU": "0", "HEARTH_GEMV_NORM": "0",
                   "HEARTH_DECODE_GEMM": "split", "HEARTH_DECODE_GEMM_FUSE": "0", "HEARTH_DECODE_ATTN": "two-kernel",
-                  "HEARTH_ATTN_PREFETCH": "0"}
+                  "HEARTH_ATTN_PREFETCH": "0", "HEARTH_GEMV_ROPE": "0"}
 
 
 def bench_decode_variant(info, max_batch: int, tokens: int, env: dict) -> dict:
@@ -230,10 +230,10 @@ def bench_decode_variant(info, max_batch: int, tokens: int, env: dict) -> dict:
 
 
 # Other decode paths --ab-each measures against the defaults: the decode attention with its
-# prefetch but rope triggering it after rope's wait, and with one query head per block or the
-# whole group per block at every batch.
+# prefetch but rope triggering it after rope's wait, with one query head per block or the whole
+# group per block at every batch, and its grouped kernel at two blocks per SM.
 CANDIDATE_DECODE = [{"HEARTH_ATTN_PREFETCH": "1"}, {"HEARTH_DECODE_ATTN": "per-head"},
-                    {"HEARTH_DECODE_ATTN": "grouped"}]
+                    {"HEARTH_DECODE_ATTN": "grouped"}, {"HEARTH_ATTN_GROUP_BLOCKS": "2"}]
 
 
 def decode_variants(ab: bool, ab_each: bool) -> list[dict]:

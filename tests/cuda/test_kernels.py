@@ -160,9 +160,17 @@ def _decode_attention(q, kc, vc, tables, lens, heads, kvh, hd, max_blocks, split
 
 
 # "grouped:0" = HEARTH_DECODE_ATTN=grouped with HEARTH_ATTN_PREFETCH=0, and so on (auto:early: the
-# defaults, one head per block for few rows x heads, the group per block for many).
-DECODE_ATTENTION_VARIANTS = ["auto:early", "grouped:early", "grouped:0", "per-head:early", "per-head:0",
-                             "two-kernel:0"]
+# defaults, one head per block for few rows x heads, the group per block for many); "grouped2": the
+# grouped kernel at two blocks per SM (HEARTH_ATTN_GROUP_BLOCKS=2).
+DECODE_ATTENTION_VARIANTS = ["auto:early", "grouped:early", "grouped2:early", "grouped:0", "per-head:early",
+                             "per-head:0", "two-kernel:0"]
+
+
+def _set_decode_attention_variant(monkeypatch, variant):
+    kernel, prefetch = variant.split(":")
+    monkeypatch.setenv("HEARTH_DECODE_ATTN", kernel.removesuffix("2"))
+    monkeypatch.setenv("HEARTH_ATTN_GROUP_BLOCKS", "2" if kernel.endswith("2") else "1")
+    monkeypatch.setenv("HEARTH_ATTN_PREFETCH", prefetch)
 
 
 @pytest.mark.parametrize("lens,heads,kvh,hd", [([1], 4, 4, 64), ([17, 300], 9, 3, 64), ([4099, 1, 640], 32, 8, 128),
@@ -170,9 +178,7 @@ DECODE_ATTENTION_VARIANTS = ["auto:early", "grouped:early", "grouped:0", "per-he
 @pytest.mark.parametrize("split_len", [160, 0])  # 0: each row picks its own pieces (graph path)
 @pytest.mark.parametrize("variant", DECODE_ATTENTION_VARIANTS)
 def test_decode_attention(lens, heads, kvh, hd, split_len, variant, monkeypatch):
-    kernel, prefetch = variant.split(":")
-    monkeypatch.setenv("HEARTH_DECODE_ATTN", kernel)
-    monkeypatch.setenv("HEARTH_ATTN_PREFETCH", prefetch)
+    _set_decode_attention_variant(monkeypatch, variant)
     kc, vc, tables, max_blocks = _attention_case(lens, heads, kvh, hd)
     q = torch.randn(len(lens), heads * hd, device="cuda")
     out = _decode_attention(q, kc, vc, tables, lens, heads, kvh, hd, max_blocks, split_len)
@@ -181,17 +187,19 @@ def test_decode_attention(lens, heads, kvh, hd, split_len, variant, monkeypatch)
 
 
 def test_decode_attention_group_does_not_change_a_head(monkeypatch):
-    """A block serving the 2-4 query heads of one KV head gives each head the bits of a block
-    serving that head alone (HEARTH_DECODE_ATTN=per-head)."""
+    """A block serving the 2-4 query heads of one KV head (at one or two blocks per SM) gives each
+    head the bits of a block serving that head alone (HEARTH_DECODE_ATTN=per-head)."""
     for heads, kvh, hd, lens in [(32, 8, 128, [4099, 1, 300]), (9, 3, 64, [257, 17]), (16, 8, 96, [1000, 2]),
                                  (4, 2, 32, [33, 512])]:
         kc, vc, tables, max_blocks = _attention_case(lens, heads, kvh, hd)
         q = torch.randn(len(lens), heads * hd, device="cuda")
-        monkeypatch.setenv("HEARTH_DECODE_ATTN", "grouped")
-        grouped = _decode_attention(q, kc, vc, tables, lens, heads, kvh, hd, max_blocks, 0)
         monkeypatch.setenv("HEARTH_DECODE_ATTN", "per-head")
         alone = _decode_attention(q, kc, vc, tables, lens, heads, kvh, hd, max_blocks, 0)
-        assert torch.equal(grouped, alone), (heads, kvh, hd)
+        monkeypatch.setenv("HEARTH_DECODE_ATTN", "grouped")
+        for blocks_per_sm in ("1", "2"):
+            monkeypatch.setenv("HEARTH_ATTN_GROUP_BLOCKS", blocks_per_sm)
+            grouped = _decode_attention(q, kc, vc, tables, lens, heads, kvh, hd, max_blocks, 0)
+            assert torch.equal(grouped, alone), (heads, kvh, hd, blocks_per_sm)
 
 
 def test_decode_attention_rows_do_not_depend_on_batch():
@@ -234,9 +242,7 @@ def test_decode_attention_latency(name, rows, heads, kvh, hd, kv, monkeypatch):
     expected = _attention_ref(q[0], kc, vc, ids[0], kv, heads, kvh, hd)
     results = []
     for variant in DECODE_ATTENTION_VARIANTS:
-        kernel, prefetch = variant.split(":")
-        monkeypatch.setenv("HEARTH_DECODE_ATTN", kernel)
-        monkeypatch.setenv("HEARTH_ATTN_PREFETCH", prefetch)
+        _set_decode_attention_variant(monkeypatch, variant)
         out = poison((rows, heads * hd), torch.float32)
 
         def launch():

@@ -336,8 +336,8 @@ def test_graph_buckets_batched_greedy_equals_alone(shape, model_dir):
 
 @pytest.mark.parametrize("shape", ["smollm2-135m", "qwen3-0.6b", "llama3.2-1b"])
 def test_decode_fast_paths_equal_earlier_kernels(shape, model_dir, monkeypatch):
-    """Programmatic dependent launch, the fused gate/up + SwiGLU GEMV and the decode attention's
-    prefetch and head grouping change no arithmetic: decode logits (graphs, buckets 1 and 4, contexts long enough
+    """Programmatic dependent launch, the fused gate/up + SwiGLU GEMV, rope in the qkv GEMV and the
+    decode attention's prefetch and head grouping change no arithmetic: decode logits (graphs, buckets 1 and 4, contexts long enough
     for several attention pieces) and those of short prompts (<= 8 tokens: the GEMV path) equal
     those of a runner loaded with HEARTH_PDL=0 HEARTH_GEMV_SWIGLU=0 bit for bit; a missing wait
     would show here as a difference. RMSNorm inside the GEMVs sums the squares in another order:
@@ -377,8 +377,10 @@ def test_decode_fast_paths_equal_earlier_kernels(shape, model_dir, monkeypatch):
     assert np.array_equal(fast, earlier)
     # decode attention without rope letting it launch early, without its prefetch, with one head
     # per block or the query group per block at every bucket: same bits
+    # rope in the qkv GEMV's epilogue or in its own kernel: same bits
     for env in ({"HEARTH_ATTN_PREFETCH": "1"}, {"HEARTH_ATTN_PREFETCH": "0"}, {"HEARTH_DECODE_ATTN": "per-head"},
-                {"HEARTH_DECODE_ATTN": "grouped"}):
+                {"HEARTH_DECODE_ATTN": "grouped"}, {"HEARTH_DECODE_ATTN": "grouped", "HEARTH_ATTN_GROUP_BLOCKS": "2"},
+                {"HEARTH_GEMV_ROPE": "0"}):
         assert np.array_equal(fast, run(HEARTH_PDL="1", HEARTH_GEMV_SWIGLU="1", **env)), env
         for name in env:
             monkeypatch.delenv(name)

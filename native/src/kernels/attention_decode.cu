@@ -63,8 +63,10 @@ __device__ __forceinline__ void prefetch_piece(const PagedAttention& p, const in
   }
 }
 
-template <int HD, int G>
-__global__ void __launch_bounds__(kDecodeWarps * 32)
+// kBlocksPerSm 2: registers capped at 128 (value loads in half groups, some spills at head size
+// 128) so two blocks share an SM; 1: up to 255 registers, one block per SM when over 128.
+template <int HD, int G, int kBlocksPerSm>
+__global__ void __launch_bounds__(kDecodeWarps * 32, kBlocksPerSm)
 decode_attention_kernel(PagedAttention p, int split_len_arg, int max_splits,
                         float* __restrict__ part_ml, float* __restrict__ part_acc,
                         int* __restrict__ counters, int prefetch) {
@@ -100,7 +102,7 @@ decode_attention_kernel(PagedAttention p, int split_len_arg, int max_splits,
     const int end = min(kv_len, start + split_len);
     SoftmaxState<HD> st[G];
     for (int key0 = start + warp * 32; key0 < end; key0 += kDecodeWarps * 32)
-      fold_key_chunk_group<HD, G>(st, q_smem, table, p.block_size, p.kv_heads, kvh, p.k_cache,
+      fold_key_chunk_group<HD, G, kBlocksPerSm>(st, q_smem, table, p.block_size, p.kv_heads, kvh, p.k_cache,
                                   p.v_cache, key0, min(32, end - key0), p.scale);
 #pragma unroll
     for (int g = 0; g < G; ++g) {
@@ -272,6 +274,11 @@ __global__ void merge_kernel(PagedAttention p, int split_len, int max_splits,
 
 }  // namespace two_kernel
 
+// HEARTH_ATTN_GROUP_BLOCKS (read per launch): blocks per SM of the grouped kernel, 1 or 2.
+int decode_attention_group_blocks_per_sm() {
+  return env_is("HEARTH_ATTN_GROUP_BLOCKS", "2") ? 2 : 1;
+}
+
 // The kernel of one head size for a group of 1-4 query heads (2-4 only up to head size 128).
 template <int HD>
 void launch_decode_attention_grouped(int group, dim3 grid, cudaStream_t stream,
@@ -283,12 +290,13 @@ void launch_decode_attention_grouped(int group, dim3 grid, cudaStream_t stream,
                partial_acc, counters, prefetch);
   };
   if constexpr (HD <= 128) {
-    if (group == 2) return launch(decode_attention_kernel<HD, 2>);
-    if (group == 3) return launch(decode_attention_kernel<HD, 3>);
-    if (group == 4) return launch(decode_attention_kernel<HD, 4>);
+    const bool two = decode_attention_group_blocks_per_sm() == 2;
+    if (group == 2) return two ? launch(decode_attention_kernel<HD, 2, 2>) : launch(decode_attention_kernel<HD, 2, 1>);
+    if (group == 3) return two ? launch(decode_attention_kernel<HD, 3, 2>) : launch(decode_attention_kernel<HD, 3, 1>);
+    if (group == 4) return two ? launch(decode_attention_kernel<HD, 4, 2>) : launch(decode_attention_kernel<HD, 4, 1>);
   }
   HEARTH_REQUIRE(group == 1, "decode_attention: unsupported head group");
-  launch(decode_attention_kernel<HD, 1>);
+  launch(decode_attention_kernel<HD, 1, 1>);
 }
 
 int decode_attention_prefetch() {

@@ -14,10 +14,12 @@
 // that each block computes gate rows i.. and the matching up rows, and writes silu(gate) * up
 // (the swiglu kernel's expression) instead of both products: one kernel and one round trip of the
 // [rows, 2 * inter] intermediate fewer per layer; each product's sum is the same as unfused.
+// Rope variant (launch_gemv_rope), the same idea for the fused qkv weight: each block computes dim
+// i and dim i + hd/2 of the same heads and stores them rotated (rope.cuh), so the rope kernel and
+// the qkv intermediate go away at <= 4 rows.
 #include <cstdlib>
 
-#include "../common.cuh"
-#include "kernels.h"
+#include "rope.cuh"
 #include "../launch.cuh"
 
 namespace hearth {
@@ -40,6 +42,7 @@ __device__ __forceinline__ uint4 load_stream(const uint4* p) {
 constexpr int kModeSwiglu = 1;    // gate/up pairs combined as silu(gate) * up (launch_gemv_swiglu)
 constexpr int kModeNorm = 2;      // x rows RMS-normalized on the fly (GemvNorm)
 constexpr int kModeResidual = 4;  // out += product, sums of squares of the new rows (GemvResidual)
+constexpr int kModeRope = 8;      // dim pairs of the qkv heads rotated and stored (launch_gemv_rope)
 
 struct GemvParams {
   const float* x;
@@ -53,6 +56,8 @@ struct GemvParams {
   float eps;
   // kModeResidual: the block's sum of squares of each new out row, at [r, blockIdx.x]
   float* resid_partials;
+  // kModeRope: where the rotated heads go
+  RopeTarget rope;
 };
 
 // acc[f][r] += dot(8 weights of feature f, x[r, 8c : 8c + 8]) for F features at once: each
@@ -101,15 +106,20 @@ __device__ __forceinline__ void fma8(const uint4 (&raw)[F], const float* __restr
   }
 }
 
-// The weight row of virtual feature v. Plain: v. SwiGLU (n = 2 * inter, P features per block):
-// the first P / 2 features of a block are gate rows, the next P / 2 the matching up rows.
-template <bool SWIGLU, int P>
-__device__ __forceinline__ int weight_row(int v, int n) {
-  if constexpr (!SWIGLU) {
+// The weight row of virtual feature v. Plain: v. Paired modes (P features per block): the first
+// P / 2 features of a block are the first members of P / 2 consecutive pairs, the next P / 2 the
+// matching second members. SwiGLU (n = 2 * inter): pair j = (gate row j, up row j). Rope (head
+// size 2 * half): pair j = (dim d, dim d + half) of head j / half, d = j % half.
+template <int MODE, int P>
+__device__ __forceinline__ int weight_row(int v, int n, int half) {
+  if constexpr (!(MODE & (kModeSwiglu | kModeRope))) {
     return v;
   } else {
     const int block = v / P, j = v % P;
-    return j < P / 2 ? block * (P / 2) + j : n / 2 + block * (P / 2) + (j - P / 2);
+    const bool second = j >= P / 2;
+    const int pair = block * (P / 2) + (second ? j - P / 2 : j);
+    if constexpr (MODE & kModeSwiglu) return second ? n / 2 + pair : pair;
+    return (pair / half) * 2 * half + pair % half + (second ? half : 0);
   }
 }
 
@@ -119,6 +129,7 @@ __device__ __forceinline__ int weight_row(int v, int n) {
 template <int R, int WPR, int F, int MODE>
 __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(GemvParams prm) {
   constexpr bool SWIGLU = MODE & kModeSwiglu, NORM = MODE & kModeNorm, RESID = MODE & kModeResidual;
+  constexpr bool ROPE = MODE & kModeRope, PAIRED = SWIGLU || ROPE;
   constexpr int kGroups = kGemvWarps / WPR;
   constexpr int kPerBlock = kGroups * F;  // output features per block
   constexpr int U = F >= kGemvUnroll ? 1 : kGemvUnroll / F;  // F * U loads in flight per lane
@@ -136,7 +147,7 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(GemvParams prm) {
 #pragma unroll
   for (int f = 0; f < F; ++f)
     wrow[f] = reinterpret_cast<const uint4*>(
-        prm.w + (size_t)weight_row<SWIGLU, kPerBlock>(min(f0 + f, n - 1), n) * k);
+        prm.w + (size_t)weight_row<MODE, kPerBlock>(min(f0 + f, n - 1), n, prm.rope.head_dim / 2) * k);
   // Weights never change during a forward pass: start their stream before the previous kernel ends.
 #pragma unroll
   for (int u = 0; u < U; ++u)
@@ -186,14 +197,14 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(GemvParams prm) {
   for (int f = 0; f < F; ++f)
 #pragma unroll
     for (int r = 0; r < R; ++r) acc[f][r] = warp_sum(acc[f][r]);
-  // SwiGLU: the block's products gather here, then gate and up are combined.
-  __shared__ float fused[SWIGLU ? kPerBlock : 1][R];
+  // SwiGLU / rope: the block's products gather here, then each pair is combined.
+  __shared__ float fused[PAIRED ? kPerBlock : 1][R];
   // Residual: each writing lane's sum of squares of its new values, per row.
   float sq[RESID ? R : 1] = {};
   const int local0 = f0 - blockIdx.x * kPerBlock;
   // The one place a finished product goes.
   auto emit = [&](int f, int r, float v) {
-    if constexpr (SWIGLU) {
+    if constexpr (PAIRED) {
       fused[local0 + f][r] = v;
     } else if constexpr (RESID) {
       float* o = out + (size_t)r * n + f0 + f;
@@ -245,6 +256,15 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(GemvParams prm) {
       out[(size_t)r * inter + blockIdx.x * (kPerBlock / 2) + j] = g / (1.f + expf(-g)) * u;
     }
   }
+  if constexpr (ROPE) {
+    __syncthreads();
+    const int half = prm.rope.head_dim / 2;
+    for (int i = threadIdx.x; i < kPerBlock / 2 * R; i += blockDim.x) {
+      const int j = i / R, r = i - j * R;
+      const int pair = blockIdx.x * (kPerBlock / 2) + j;
+      rope_store(prm.rope, r, pair / half, pair % half, fused[j][r], fused[j + kPerBlock / 2][r]);
+    }
+  }
   if constexpr (RESID) {  // the block's sums of squares, in warp order
     __shared__ float sq_warp[kGemvWarps][R];
 #pragma unroll
@@ -288,6 +308,15 @@ void launch_rows(const GemvParams& prm, int wpr, int features, cudaStream_t stre
 
 template <int MODE>
 void launch_mode(const GemvParams& prm, int rows, int wpr, int features, cudaStream_t stream) {
+  if constexpr ((MODE & kModeRope) != 0) {  // <= 4 rows (gemv_rope_supported)
+    switch (rows) {
+      case 1: launch_rows<1, MODE>(prm, wpr, features, stream); break;
+      case 2: launch_rows<2, MODE>(prm, wpr, features, stream); break;
+      case 3: launch_rows<3, MODE>(prm, wpr, features, stream); break;
+      default: launch_rows<4, MODE>(prm, wpr, features, stream); break;
+    }
+    return;
+  }
   switch (rows) {
     case 1: launch_rows<1, MODE>(prm, wpr, features, stream); break;
     case 2: launch_rows<2, MODE>(prm, wpr, features, stream); break;
@@ -310,6 +339,7 @@ void launch_any(const GemvParams& prm, int rows, int mode, cudaStream_t stream) 
     case kModeNorm: launch_mode<kModeNorm>(prm, rows, wpr, features, stream); break;
     case kModeNorm | kModeSwiglu: launch_mode<kModeNorm | kModeSwiglu>(prm, rows, wpr, features, stream); break;
     case kModeResidual: launch_mode<kModeResidual>(prm, rows, wpr, features, stream); break;
+    case kModeNorm | kModeRope: launch_mode<kModeNorm | kModeRope>(prm, rows, wpr, features, stream); break;
     default: throw std::invalid_argument("gemv: unsupported combination of fusions");
   }
   HEARTH_CHECK_LAUNCH("gemv_kernel");
@@ -352,7 +382,7 @@ void launch_gemv(const float* x, const bf16* w, float* out, int rows, int n, int
                  cudaStream_t stream, const GemvNorm* norm, const GemvResidual* residual) {
   HEARTH_REQUIRE(rows >= 1 && rows <= kGemvMaxRows && n > 0 && k > 0, "gemv: bad shape");
   HEARTH_REQUIRE(k % 8 == 0, "gemv: k must be a multiple of 8");
-  GemvParams prm{x, w, out, n, k, nullptr, nullptr, 0, 0.f, nullptr};
+  GemvParams prm{x, w, out, n, k, nullptr, nullptr, 0, 0.f, nullptr, {}};
   int mode = with_norm(prm, norm);
   if (residual) {
     HEARTH_REQUIRE(residual->partials && !norm, "gemv: bad residual fusion");
@@ -372,8 +402,23 @@ void launch_gemv_swiglu(const float* x, const bf16* w_gate_up, float* out, int r
                         int k, cudaStream_t stream, const GemvNorm* norm) {
   HEARTH_REQUIRE(gemv_swiglu_supported(rows, inter, k),
                  "gemv_swiglu: shape not supported (check gemv_swiglu_supported first)");
-  GemvParams prm{x, w_gate_up, out, 2 * inter, k, nullptr, nullptr, 0, 0.f, nullptr};
+  GemvParams prm{x, w_gate_up, out, 2 * inter, k, nullptr, nullptr, 0, 0.f, nullptr, {}};
   launch_any(prm, rows, kModeSwiglu | with_norm(prm, norm), stream);
+}
+
+bool gemv_rope_supported(int rows, int n, int k) {
+  if (rows < 1 || rows > 4 || n <= 0 || n % 2 != 0 || k % 8 != 0) return false;
+  const int per_block = kGemvWarps / gemv_warps_per_row(n, k) * gemv_features_per_warp(rows);
+  return per_block % 2 == 0 && (n / 2) % (per_block / 2) == 0;
+}
+
+void launch_gemv_rope(const float* x, const bf16* w_qkv, int rows, int n, int k,
+                      cudaStream_t stream, const GemvNorm& norm, const RopeTarget& rope) {
+  HEARTH_REQUIRE(gemv_rope_supported(rows, n, k) && rope.head_dim % 2 == 0 &&
+                     n == (rope.heads + 2 * rope.kv_heads) * rope.head_dim,
+                 "gemv_rope: shape not supported (check gemv_rope_supported first)");
+  GemvParams prm{x, w_qkv, nullptr, n, k, nullptr, nullptr, 0, 0.f, nullptr, rope};
+  launch_any(prm, rows, kModeRope | with_norm(prm, &norm), stream);
 }
 
 }  // namespace hearth

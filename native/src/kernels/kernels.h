@@ -30,6 +30,18 @@ void launch_add_bias(float* x, const bf16* bias, int rows, int cols, cudaStream_
 void launch_head_rmsnorm(float* x, int rows, int row_stride, int col0, int heads, int head_dim,
                          const bf16* weight, float eps, cudaStream_t stream);
 
+// Where rotated queries, keys and values go (rope.cuh): q_out [tokens, heads * hd] fp32, the
+// caches [slot, kv_heads, hd] bf16 at slots[t]; positions[t] and inv_freq [hd / 2] give the angles.
+struct RopeTarget {
+  const int32_t* positions;
+  const int32_t* slots;
+  const float* inv_freq;
+  float* q_out;
+  bf16* k_cache;
+  bf16* v_cache;
+  int heads, kv_heads, head_dim;
+};
+
 // rope_kv.cu: rotary embedding (rotate-half convention) of q and k from the fused qkv rows
 // [tokens, (H + 2*KV)*hd]; q goes to q_out [tokens, H*hd] (fp32); k and v go to the paged cache at
 // slot slots[t] (cache layout [slot, KV, hd] bf16). inv_freq has hd/2 entries.
@@ -127,6 +139,13 @@ int gemv_features_per_warp(int rows);
 // w_gate_up [2 * inter, k] (gate rows first), each product summed exactly as launch_gemv would.
 // `out` must not alias `x`. Only where gemv_swiglu_supported (block-aligned gate/up pairs).
 bool gemv_swiglu_supported(int rows, int inter, int k);
+// gemv.cu, rope epilogue: the fused qkv product [rows, (heads + 2 kv_heads) * hd] of the normalized
+// residual (`norm` required) is not written; each block computes dim pairs (i, i + hd/2) of its
+// heads and stores them as launch_rope_kv_write would (rope.cuh), each product summed exactly as
+// launch_gemv would. Only where gemv_rope_supported (block-aligned pairs, <= 4 rows).
+bool gemv_rope_supported(int rows, int n, int k);
+void launch_gemv_rope(const float* x, const bf16* w_qkv, int rows, int n, int k,
+                      cudaStream_t stream, const GemvNorm& norm, const RopeTarget& rope);
 void launch_gemv_swiglu(const float* x, const bf16* w_gate_up, float* out, int rows, int inter,
                         int k, cudaStream_t stream, const GemvNorm* norm = nullptr);
 

@@ -118,6 +118,7 @@ Model::Model(const ModelConfig& config, const CacheConfig& cache) : cfg_(config)
     gemv_swiglu_ = !env_is("HEARTH_GEMV_SWIGLU", "0");
     gemv_norm_ = !env_is("HEARTH_GEMV_NORM", "0");
     gemm_fuse_ = !env_is("HEARTH_DECODE_GEMM_FUSE", "0");
+    gemv_rope_ = !env_is("HEARTH_GEMV_ROPE", "0");
   }
   HEARTH_CUDA(cudaSetDevice(0));
   plan_memory();
@@ -649,9 +650,19 @@ void Model::run_layers(int T, int table_stride, bool decode_mode, int logit_firs
   const GemvResidual into_residual{norm_parts_};
   for (int l = 0; l < cfg_.layers; ++l) {
     const LayerWeights& lw = layers_[l];
+    bf16* k_cache = kv_.as<bf16>() + (size_t)(2 * l) * kv_layer_elems_;
+    bf16* v_cache = k_cache + kv_layer_elems_;
+    const RopeTarget rope{d_pos, d_slots, inv_freq_, q_, k_cache, v_cache, cfg_.heads,
+                          cfg_.kv_heads, hd};
+    // The qkv GEMV stores q / k / v rotated itself where nothing sits between it and rope.
+    const bool roped = fused_norm && gemv_rope_ && !lw.bqkv && !lw.q_norm &&
+                       gemv_rope_supported(T, qkv_size_, H);
     if (fused_norm) {
       const GemvNorm norm{lw.attn_norm, norm_parts_, norm_count, cfg_.rms_eps};
-      launch_gemv(resid_, lw.wqkv, qkv_, T, qkv_size_, H, stream_, &norm);
+      if (roped)
+        launch_gemv_rope(resid_, lw.wqkv, T, qkv_size_, H, stream_, norm, rope);
+      else
+        launch_gemv(resid_, lw.wqkv, qkv_, T, qkv_size_, H, stream_, &norm);
     } else if (gemm_fused) {
       launch_rmsnorm_residual(resid_, l == 0 ? nullptr : delta, lw.attn_norm, nullptr, T, H,
                               cfg_.rms_eps, stream_, l == 0 ? nullptr : delta_lo, hi, hi + (size_t)T * H);
@@ -665,10 +676,9 @@ void Model::run_layers(int T, int table_stride, bool decode_mode, int logit_firs
       launch_head_rmsnorm(qkv_, T, qkv_size_, 0, cfg_.heads, hd, lw.q_norm, cfg_.rms_eps, stream_);
       launch_head_rmsnorm(qkv_, T, qkv_size_, q_size_, cfg_.kv_heads, hd, lw.k_norm, cfg_.rms_eps, stream_);
     }
-    bf16* k_cache = kv_.as<bf16>() + (size_t)(2 * l) * kv_layer_elems_;
-    bf16* v_cache = k_cache + kv_layer_elems_;
-    launch_rope_kv_write(qkv_, T, cfg_.heads, cfg_.kv_heads, hd, d_pos, d_slots, inv_freq_, q_,
-                         k_cache, v_cache, stream_);
+    if (!roped)
+      launch_rope_kv_write(qkv_, T, cfg_.heads, cfg_.kv_heads, hd, d_pos, d_slots, inv_freq_, q_,
+                           k_cache, v_cache, stream_);
     PagedAttention att{q_, k_cache, v_cache, d_tables, d_row_table, d_kv_lens, xn_, T, cfg_.heads,
                        cfg_.kv_heads, hd, cache_.block_size, table_stride,
                        1.f / std::sqrt((float)hd)};

@@ -151,6 +151,10 @@ class Model {
   // SwiGLU likewise between gate/up and down (HEARTH_DECODE_GEMM_FUSE=0: separate kernels; read
   // at construction). The same bits either way.
   bool gemm_fuse_ = true;
+  // Rope and the KV write in the qkv GEMV's epilogue where it normalizes (<= kGemvNormMaxRows
+  // rows) and the model has no qkv bias or q / k norm (HEARTH_GEMV_ROPE=0: the rope kernel; read
+  // at construction). The same bits either way.
+  bool gemv_rope_ = true;
   // Prefill attention key split (flash-decoding style) for few query tiles over long history:
   // HEARTH_PREFILL_KSPLIT=0 turns it off (read per prefill forward). Partials share part_ml_ /
   // part_acc_ with decode.
