@@ -231,9 +231,9 @@ def bench_decode_variant(info, max_batch: int, tokens: int, env: dict) -> dict:
 
 # Other decode paths --ab-each measures against the defaults: the decode attention with its
 # prefetch but rope triggering it after rope's wait, with one query head per block or the whole
-# group per block at every batch, and its grouped kernel at two blocks per SM.
+# group per block at every batch, and its grouped kernel at one block per SM.
 CANDIDATE_DECODE = [{"HEARTH_ATTN_PREFETCH": "1"}, {"HEARTH_DECODE_ATTN": "per-head"},
-                    {"HEARTH_DECODE_ATTN": "grouped"}, {"HEARTH_ATTN_GROUP_BLOCKS": "2"}]
+                    {"HEARTH_DECODE_ATTN": "grouped"}, {"HEARTH_ATTN_GROUP_BLOCKS": "1"}]
 
 
 def decode_variants(ab: bool, ab_each: bool) -> list[dict]:

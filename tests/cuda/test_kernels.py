@@ -160,16 +160,16 @@ def _decode_attention(q, kc, vc, tables, lens, heads, kvh, hd, max_blocks, split
 
 
 # "grouped:0" = HEARTH_DECODE_ATTN=grouped with HEARTH_ATTN_PREFETCH=0, and so on (auto:early: the
-# defaults, one head per block for few rows x heads, the group per block for many); "grouped2": the
-# grouped kernel at two blocks per SM (HEARTH_ATTN_GROUP_BLOCKS=2).
-DECODE_ATTENTION_VARIANTS = ["auto:early", "grouped:early", "grouped2:early", "grouped:0", "per-head:early",
+# defaults, one head per block for few rows x heads, the group per block for many); "grouped1": the
+# grouped kernel at one block per SM (HEARTH_ATTN_GROUP_BLOCKS=1; two by default).
+DECODE_ATTENTION_VARIANTS = ["auto:early", "grouped:early", "grouped1:early", "grouped:0", "per-head:early",
                              "per-head:0", "two-kernel:0"]
 
 
 def _set_decode_attention_variant(monkeypatch, variant):
     kernel, prefetch = variant.split(":")
-    monkeypatch.setenv("HEARTH_DECODE_ATTN", kernel.removesuffix("2"))
-    monkeypatch.setenv("HEARTH_ATTN_GROUP_BLOCKS", "2" if kernel.endswith("2") else "1")
+    monkeypatch.setenv("HEARTH_DECODE_ATTN", kernel.removesuffix("1"))
+    monkeypatch.setenv("HEARTH_ATTN_GROUP_BLOCKS", "1" if kernel.endswith("1") else "2")
     monkeypatch.setenv("HEARTH_ATTN_PREFETCH", prefetch)
 
 

@@ -379,7 +379,7 @@ def test_decode_fast_paths_equal_earlier_kernels(shape, model_dir, monkeypatch):
     # per block or the query group per block at every bucket: same bits
     # rope in the qkv GEMV's epilogue or in its own kernel: same bits
     for env in ({"HEARTH_ATTN_PREFETCH": "1"}, {"HEARTH_ATTN_PREFETCH": "0"}, {"HEARTH_DECODE_ATTN": "per-head"},
-                {"HEARTH_DECODE_ATTN": "grouped"}, {"HEARTH_DECODE_ATTN": "grouped", "HEARTH_ATTN_GROUP_BLOCKS": "2"},
+                {"HEARTH_DECODE_ATTN": "grouped"}, {"HEARTH_DECODE_ATTN": "grouped", "HEARTH_ATTN_GROUP_BLOCKS": "1"},
                 {"HEARTH_GEMV_ROPE": "0"}):
         assert np.array_equal(fast, run(HEARTH_PDL="1", HEARTH_GEMV_SWIGLU="1", **env)), env
         for name in env:

@@ -274,9 +274,11 @@ __global__ void merge_kernel(PagedAttention p, int split_len, int max_splits,
 
 }  // namespace two_kernel
 
-// HEARTH_ATTN_GROUP_BLOCKS (read per launch): blocks per SM of the grouped kernel, 1 or 2.
+// HEARTH_ATTN_GROUP_BLOCKS (read per launch): blocks per SM of the grouped kernel, 2 (default:
+// 8B 64 rows x 144 keys 43.5 against 57.3 us; bench --ab-each b64 +6 % 8B, +7 % 1B, +3 % 135M,
+// 2026-12-03) or 1.
 int decode_attention_group_blocks_per_sm() {
-  return env_is("HEARTH_ATTN_GROUP_BLOCKS", "2") ? 2 : 1;
+  return env_is("HEARTH_ATTN_GROUP_BLOCKS", "1") ? 1 : 2;
 }
 
 // The kernel of one head size for a group of 1-4 query heads (2-4 only up to head size 128).
