@@ -231,9 +231,11 @@ def bench_decode_variant(info, max_batch: int, tokens: int, env: dict) -> dict:
 
 # Other decode paths --ab-each measures against the defaults: the decode attention with its
 # prefetch but rope triggering it after rope's wait, with one query head per block or the whole
-# group per block at every batch, and its grouped kernel at one block per SM.
+# group per block at every batch, its grouped kernel at one block per SM; and the RMSNorm kernel
+# at 1,024 threads per row (opt-in, not yet measured).
 CANDIDATE_DECODE = [{"HEARTH_ATTN_PREFETCH": "1"}, {"HEARTH_DECODE_ATTN": "per-head"},
-                    {"HEARTH_DECODE_ATTN": "grouped"}, {"HEARTH_ATTN_GROUP_BLOCKS": "1"}]
+                    {"HEARTH_DECODE_ATTN": "grouped"}, {"HEARTH_ATTN_GROUP_BLOCKS": "1"},
+                    {"HEARTH_RMSNORM_THREADS": "1024"}]
 
 
 def decode_variants(ab: bool, ab_each: bool) -> list[dict]:

@@ -5,10 +5,11 @@
 // of a stacked product (delta + delta_lo, the sum add_halves_kernel would have written), and the
 // output may go out as the product's bf16 hi / lo operand (split_kernel's arithmetic), so neither
 // the add-halves nor the split kernel runs. The values are the same bits as without them.
-// A row is one block of 1,024 threads: at decode's 16-64 rows the kernel is latency-bound (8B,
-// 64 rows: 12.5 us per call with 256 threads, 10 % of the step), so each thread takes few elements;
-// HEARTH_RMSNORM_THREADS=256 (read per launch) for the earlier width. The sum of squares is
-// reduced in a fixed order for a given width, whatever the number of rows.
+// A row is one block of 256 threads. At decode's 16-64 rows the kernel is latency-bound (8B, 64
+// rows: 12.5 us per call, 10 % of the step, profile_decode 2026-12-03), so 1,024 threads per row
+// (each thread a few elements) should be faster: HEARTH_RMSNORM_THREADS=1024 (read per launch),
+// opt-in until measured on a GPU. The sum of squares is reduced in a fixed order for a given
+// width, whatever the number of rows.
 #include "../common.cuh"
 #include "../env.h"
 #include "kernels.h"
@@ -56,7 +57,7 @@ void launch_rmsnorm_residual(float* residual, const float* delta, const bf16* we
   HEARTH_REQUIRE((out != nullptr) != (out_hi != nullptr && out_lo != nullptr),
                  "rmsnorm: one output, fp32 or bf16 hi / lo");
   if (rows == 0) return;
-  const int threads = env_is("HEARTH_RMSNORM_THREADS", "256") ? 256 : 1024;
+  const int threads = env_is("HEARTH_RMSNORM_THREADS", "1024") ? 1024 : 256;
   launch_pdl(rmsnorm_residual_kernel, rows, threads, 0, stream, residual, delta, delta_lo, weight, out,
              out_hi, out_lo, hidden, eps);
   HEARTH_CHECK_LAUNCH("rmsnorm_residual_kernel");
