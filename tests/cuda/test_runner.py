@@ -334,6 +334,30 @@ def test_graph_buckets_batched_greedy_equals_alone(shape, model_dir):
         _free(runner)
 
 
+def _decode_rows_logits(info, prompts, steps, row_counts, max_batch, prefill_logits=False):
+    """A fresh runner prefills every prompt, then for each step decodes the first n sequences for
+    each n in row_counts; the logits of every call (and of each prefill, if asked) in one array. The
+    pool must be whole again afterwards."""
+    runner = _cuda_runner(info, max_batch=max_batch)
+    try:
+        out = []
+        seqs = [runner.allocate_sequence() for _ in prompts]
+        for s, p in zip(seqs, prompts):
+            runner.prefill(s, p)
+            if prefill_logits:
+                out.append(runner.last_logits())
+        for toks in steps:
+            for rows in row_counts:
+                runner.decode(seqs[:rows], toks[:rows])
+                out.append(runner.last_logits())
+        for s in seqs:
+            runner.release_sequence(s)
+        _assert_pool_full(runner)
+        return np.concatenate(out)
+    finally:
+        _free(runner)
+
+
 @pytest.mark.parametrize("shape", ["smollm2-135m", "qwen3-0.6b", "llama3.2-1b"])
 def test_decode_fast_paths_equal_earlier_kernels(shape, model_dir, monkeypatch):
     """Programmatic dependent launch, the fused gate/up + SwiGLU GEMV, rope in the qkv GEMV and the
@@ -353,24 +377,7 @@ def test_decode_fast_paths_equal_earlier_kernels(shape, model_dir, monkeypatch):
     def run(**env):
         for name, value in env.items():
             monkeypatch.setenv(name, value)
-        runner = _cuda_runner(info, max_batch=4)
-        try:
-            out = []
-            seqs = [runner.allocate_sequence() for _ in prompts]
-            for s, p in zip(seqs, prompts):
-                runner.prefill(s, p)
-                out.append(runner.last_logits())
-            for toks in steps:
-                runner.decode(seqs, toks)  # bucket 4
-                out.append(runner.last_logits())
-                runner.decode(seqs[:1], toks[:1])  # bucket 1
-                out.append(runner.last_logits())
-            for s in seqs:
-                runner.release_sequence(s)
-            _assert_pool_full(runner)
-            return np.concatenate(out)
-        finally:
-            _free(runner)
+        return _decode_rows_logits(info, prompts, steps, (4, 1), max_batch=4, prefill_logits=True)  # buckets 4, 1
 
     fast = run(HEARTH_PDL="1", HEARTH_GEMV_SWIGLU="1", HEARTH_GEMV_NORM="1")
     earlier = run(HEARTH_PDL="0", HEARTH_GEMV_SWIGLU="0")
@@ -436,22 +443,7 @@ def test_fused_decode_gemm_neighbours_change_no_bits(shape, model_dir, monkeypat
 
     def run(fuse):
         monkeypatch.setenv("HEARTH_DECODE_GEMM_FUSE", fuse)
-        runner = _cuda_runner(info, max_batch=32)
-        try:
-            seqs = [runner.allocate_sequence() for _ in prompts]
-            for s, p in zip(seqs, prompts):
-                runner.prefill(s, p)
-            out = []
-            for toks in steps:
-                for rows in (20, 16, 7):  # buckets 32, 16, 8
-                    runner.decode(seqs[:rows], toks[:rows])
-                    out.append(runner.last_logits())
-            for s in seqs:
-                runner.release_sequence(s)
-            _assert_pool_full(runner)
-            return np.concatenate(out)
-        finally:
-            _free(runner)
+        return _decode_rows_logits(info, prompts, steps, (20, 16, 7), max_batch=32)  # buckets 32, 16, 8
 
     fused = run("1")
     assert np.array_equal(fused, run("0"))

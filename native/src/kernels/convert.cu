@@ -25,10 +25,7 @@ __global__ void split_kernel(const float* __restrict__ x, bf16* __restrict__ hi,
                              bf16* __restrict__ lo, int64_t count) {
   for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < count;
        i += (int64_t)gridDim.x * blockDim.x) {
-    const float v = x[i];
-    const bf16 h = __float2bfloat16(v);
-    hi[i] = h;
-    lo[i] = __float2bfloat16(v - __bfloat162float(h));
+    store_operand(nullptr, hi, lo, i, x[i]);
   }
 }
 

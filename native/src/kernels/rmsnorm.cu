@@ -38,16 +38,8 @@ __global__ void rmsnorm_residual_kernel(float* __restrict__ residual, const floa
   }
   const float total = block_sum(sq, scratch);
   const float inv = rsqrtf(total / (float)hidden + eps);
-  for (int i = threadIdx.x; i < hidden; i += blockDim.x) {
-    const float y = x[i] * inv * __bfloat162float(weight[i]);
-    if (out_hi) {
-      const bf16 h = __float2bfloat16(y);
-      out_hi[base + i] = h;
-      out_lo[base + i] = __float2bfloat16(y - __bfloat162float(h));
-    } else {
-      out[base + i] = y;
-    }
-  }
+  for (int i = threadIdx.x; i < hidden; i += blockDim.x)
+    store_operand(out, out_hi, out_lo, base + i, x[i] * inv * __bfloat162float(weight[i]));
 }
 
 void launch_rmsnorm_residual(float* residual, const float* delta, const bf16* weight, float* out,

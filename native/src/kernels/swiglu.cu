@@ -20,14 +20,7 @@ __global__ void swiglu_kernel(const float* __restrict__ gate_up, const float* __
   for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < inter; i += gridDim.x * blockDim.x) {
     const float g = row_lo ? row[i] + row_lo[i] : row[i];
     const float u = row_lo ? row[inter + i] + row_lo[inter + i] : row[inter + i];
-    const float y = g / (1.f + expf(-g)) * u;
-    if (out_hi) {
-      const bf16 h = __float2bfloat16(y);
-      out_hi[out_row + i] = h;
-      out_lo[out_row + i] = __float2bfloat16(y - __bfloat162float(h));
-    } else {
-      out[out_row + i] = y;
-    }
+    store_operand(out, out_hi, out_lo, out_row + i, g / (1.f + expf(-g)) * u);
   }
 }
 
