@@ -277,7 +277,7 @@ __global__ void merge_kernel(PagedAttention p, int split_len, int max_splits,
 // HEARTH_ATTN_GROUP_BLOCKS (read per launch): blocks per SM of the grouped kernel, 2 (default:
 // 8B 64 rows x 144 keys 43.5 against 57.3 us; bench --ab-each b64 +6 % 8B, +7 % 1B, +3 % 135M,
 // 2026-12-03) or 1.
-int decode_attention_group_blocks_per_sm() {
+static int decode_attention_group_blocks_per_sm() {
   return env_is("HEARTH_ATTN_GROUP_BLOCKS", "1") ? 1 : 2;
 }
 
@@ -301,6 +301,12 @@ void launch_decode_attention_grouped(int group, dim3 grid, cudaStream_t stream,
   launch(decode_attention_kernel<HD, 1, 1>);
 }
 
+// The SM count of the (one) GPU, read once.
+static int sm_count() {
+  static const int sms = device_attribute(cudaDevAttrMultiProcessorCount, 132);  // one GPU
+  return sms;
+}
+
 int decode_attention_prefetch() {
   if (env_is("HEARTH_ATTN_PREFETCH", "0")) return 0;
   return env_is("HEARTH_ATTN_PREFETCH", "1") ? 1 : 2;
@@ -309,7 +315,7 @@ int decode_attention_prefetch() {
 bool decode_attention_two_kernel() { return env_is("HEARTH_DECODE_ATTN", "two-kernel"); }
 
 int decode_attention_group(int rows, int heads, int kv_heads, int head_dim) {
-  static const int sms = device_attribute(cudaDevAttrMultiProcessorCount, 132);  // one GPU
+  const int sms = sm_count();
   const int group = heads / kv_heads;
   if (env_is("HEARTH_DECODE_ATTN", "per-head") || group > kMaxGroup || head_dim > 128) return 1;
   if (env_is("HEARTH_DECODE_ATTN", "grouped")) return group;
@@ -317,7 +323,7 @@ int decode_attention_group(int rows, int heads, int kv_heads, int head_dim) {
 }
 
 int decode_attention_grid_splits(int rows, int heads, int max_splits) {
-  static const int sms = device_attribute(cudaDevAttrMultiProcessorCount, 132);  // one GPU
+  const int sms = sm_count();
   // About four blocks per SM in all; more pieces than blocks are walked by each block in turn.
   const long long want = (4LL * sms + (long long)rows * heads - 1) / ((long long)rows * heads);
   int z = 1;

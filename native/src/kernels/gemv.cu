@@ -18,6 +18,7 @@
 // i and dim i + hd/2 of the same heads and stores them rotated (rope.cuh), so the rope kernel and
 // the qkv intermediate go away at <= 4 rows.
 #include <cstdlib>
+#include <type_traits>
 
 #include "rope.cuh"
 #include "../launch.cuh"
@@ -43,6 +44,7 @@ constexpr int kModeSwiglu = 1;    // gate/up pairs combined as silu(gate) * up (
 constexpr int kModeNorm = 2;      // x rows RMS-normalized on the fly (GemvNorm)
 constexpr int kModeResidual = 4;  // out += product, sums of squares of the new rows (GemvResidual)
 constexpr int kModeRope = 8;      // dim pairs of the qkv heads rotated and stored (launch_gemv_rope)
+constexpr int kGemvRopeMaxRows = 4;
 
 struct GemvParams {
   const float* x;
@@ -308,24 +310,21 @@ void launch_rows(const GemvParams& prm, int wpr, int features, cudaStream_t stre
 
 template <int MODE>
 void launch_mode(const GemvParams& prm, int rows, int wpr, int features, cudaStream_t stream) {
-  if constexpr ((MODE & kModeRope) != 0) {  // <= 4 rows (gemv_rope_supported)
-    switch (rows) {
-      case 1: launch_rows<1, MODE>(prm, wpr, features, stream); break;
-      case 2: launch_rows<2, MODE>(prm, wpr, features, stream); break;
-      case 3: launch_rows<3, MODE>(prm, wpr, features, stream); break;
-      default: launch_rows<4, MODE>(prm, wpr, features, stream); break;
-    }
-    return;
-  }
+  // The rope mode runs at <= kGemvRopeMaxRows rows (gemv_rope_supported): no kernels beyond.
+  constexpr int kMaxRows = (MODE & kModeRope) ? kGemvRopeMaxRows : kGemvMaxRows;
+  auto at = [&](auto r) {
+    if constexpr (decltype(r)::value <= kMaxRows)
+      launch_rows<decltype(r)::value, MODE>(prm, wpr, features, stream);
+  };
   switch (rows) {
-    case 1: launch_rows<1, MODE>(prm, wpr, features, stream); break;
-    case 2: launch_rows<2, MODE>(prm, wpr, features, stream); break;
-    case 3: launch_rows<3, MODE>(prm, wpr, features, stream); break;
-    case 4: launch_rows<4, MODE>(prm, wpr, features, stream); break;
-    case 5: launch_rows<5, MODE>(prm, wpr, features, stream); break;
-    case 6: launch_rows<6, MODE>(prm, wpr, features, stream); break;
-    case 7: launch_rows<7, MODE>(prm, wpr, features, stream); break;
-    default: launch_rows<8, MODE>(prm, wpr, features, stream); break;
+    case 1: at(std::integral_constant<int, 1>{}); break;
+    case 2: at(std::integral_constant<int, 2>{}); break;
+    case 3: at(std::integral_constant<int, 3>{}); break;
+    case 4: at(std::integral_constant<int, 4>{}); break;
+    case 5: at(std::integral_constant<int, 5>{}); break;
+    case 6: at(std::integral_constant<int, 6>{}); break;
+    case 7: at(std::integral_constant<int, 7>{}); break;
+    default: at(std::integral_constant<int, 8>{}); break;
   }
 }
 
@@ -392,10 +391,15 @@ void launch_gemv(const float* x, const bf16* w, float* out, int rows, int n, int
   launch_any(prm, rows, mode, stream);
 }
 
+// The paired modes (weight_row): each block's features must be whole pairs, n / 2 pairs in all.
+bool pairs_fill_blocks(int rows, int n, int k) {
+  const int per_block = kGemvWarps / gemv_warps_per_row(n, k) * gemv_features_per_warp(rows);
+  return per_block % 2 == 0 && (n / 2) % (per_block / 2) == 0;
+}
+
 bool gemv_swiglu_supported(int rows, int inter, int k) {
   if (rows < 1 || rows > kGemvMaxRows || inter <= 0 || k % 8 != 0) return false;
-  const int per_block = kGemvWarps / gemv_warps_per_row(2 * inter, k) * gemv_features_per_warp(rows);
-  return per_block % 2 == 0 && inter % (per_block / 2) == 0;
+  return pairs_fill_blocks(rows, 2 * inter, k);
 }
 
 void launch_gemv_swiglu(const float* x, const bf16* w_gate_up, float* out, int rows, int inter,
@@ -407,9 +411,8 @@ void launch_gemv_swiglu(const float* x, const bf16* w_gate_up, float* out, int r
 }
 
 bool gemv_rope_supported(int rows, int n, int k) {
-  if (rows < 1 || rows > 4 || n <= 0 || n % 2 != 0 || k % 8 != 0) return false;
-  const int per_block = kGemvWarps / gemv_warps_per_row(n, k) * gemv_features_per_warp(rows);
-  return per_block % 2 == 0 && (n / 2) % (per_block / 2) == 0;
+  if (rows < 1 || rows > kGemvRopeMaxRows || n <= 0 || n % 2 != 0 || k % 8 != 0) return false;
+  return pairs_fill_blocks(rows, n, k);
 }
 
 void launch_gemv_rope(const float* x, const bf16* w_qkv, int rows, int n, int k,

@@ -43,11 +43,8 @@ struct RopeTarget {
 };
 
 // rope_kv.cu: rotary embedding (rotate-half convention) of q and k from the fused qkv rows
-// [tokens, (H + 2*KV)*hd]; q goes to q_out [tokens, H*hd] (fp32); k and v go to the paged cache at
-// slot slots[t] (cache layout [slot, KV, hd] bf16). inv_freq has hd/2 entries.
-void launch_rope_kv_write(const float* qkv, int tokens, int heads, int kv_heads, int head_dim,
-                          const int32_t* positions, const int32_t* slots, const float* inv_freq,
-                          float* q_out, bf16* k_cache, bf16* v_cache, cudaStream_t stream);
+// [tokens, (H + 2*KV)*hd], stored with v where `target` says.
+void launch_rope_kv_write(const float* qkv, int tokens, const RopeTarget& target, cudaStream_t stream);
 
 // Paged attention. q [rows, H*hd] fp32; caches [slot, KV, hd] bf16; block_tables [tables, max_blocks]
 // (physical block ids); row_table[r] picks a row's table; kv_lens[r] keys visible to row r

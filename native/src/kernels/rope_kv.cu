@@ -23,16 +23,13 @@ __global__ void rope_kv_write_kernel(const float* __restrict__ qkv, RopeTarget t
   for (int i = threadIdx.x; i < half; i += blockDim.x) rope_store(target, t, h, i, src[i], src[i + half]);
 }
 
-void launch_rope_kv_write(const float* qkv, int tokens, int heads, int kv_heads, int head_dim,
-                          const int32_t* positions, const int32_t* slots, const float* inv_freq,
-                          float* q_out, bf16* k_cache, bf16* v_cache, cudaStream_t stream) {
+void launch_rope_kv_write(const float* qkv, int tokens, const RopeTarget& target, cudaStream_t stream) {
+  const int heads = target.heads, kv_heads = target.kv_heads, head_dim = target.head_dim;
   HEARTH_REQUIRE(tokens >= 0 && heads > 0 && kv_heads > 0 && head_dim > 0 && head_dim % 2 == 0,
                  "rope_kv_write: bad shape");
   if (tokens == 0) return;
   dim3 grid(tokens, heads + 2 * kv_heads);
   const int threads = head_dim / 2 < 128 ? ((head_dim / 2 + 31) / 32) * 32 : 128;
-  const RopeTarget target{positions, slots, inv_freq, q_out, k_cache, v_cache, heads, kv_heads,
-                          head_dim};
   launch_pdl(rope_kv_write_kernel, grid, threads, 0, stream, qkv, target,
              decode_attention_prefetch() == 2 ? 1 : 0);
   HEARTH_CHECK_LAUNCH("rope_kv_write_kernel");

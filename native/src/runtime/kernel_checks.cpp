@@ -38,10 +38,10 @@ std::vector<float> rope_inv_freq(const ModelConfig& config) { return hearth::rop
 void rope_kv_write(uintptr_t qkv, int tokens, int heads, int kv_heads, int head_dim,
                    uintptr_t positions, uintptr_t slots, uintptr_t inv_freq, uintptr_t q_out,
                    uintptr_t k_cache, uintptr_t v_cache) {
-  launch_rope_kv_write(P<const float>(qkv), tokens, heads, kv_heads, head_dim,
-                       P<const int32_t>(positions), P<const int32_t>(slots),
-                       P<const float>(inv_freq), P<float>(q_out), P<bf16>(k_cache),
-                       P<bf16>(v_cache), 0);
+  const RopeTarget target{P<const int32_t>(positions), P<const int32_t>(slots),
+                          P<const float>(inv_freq), P<float>(q_out), P<bf16>(k_cache),
+                          P<bf16>(v_cache), heads, kv_heads, head_dim};
+  launch_rope_kv_write(P<const float>(qkv), tokens, target, 0);
   sync();
 }
 

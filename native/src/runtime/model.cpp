@@ -648,6 +648,7 @@ void Model::run_layers(int T, int table_stride, bool decode_mode, int logit_firs
   const int o_blocks = fused_norm ? gemv_blocks(T, H, q_size_) : 0;
   const int down_blocks = fused_norm ? gemv_blocks(T, H, I) : 0;
   const GemvResidual into_residual{norm_parts_};
+  const bool rope_in_gemv = fused_norm && gemv_rope_ && gemv_rope_supported(T, qkv_size_, H);
   for (int l = 0; l < cfg_.layers; ++l) {
     const LayerWeights& lw = layers_[l];
     bf16* k_cache = kv_.as<bf16>() + (size_t)(2 * l) * kv_layer_elems_;
@@ -655,8 +656,7 @@ void Model::run_layers(int T, int table_stride, bool decode_mode, int logit_firs
     const RopeTarget rope{d_pos, d_slots, inv_freq_, q_, k_cache, v_cache, cfg_.heads,
                           cfg_.kv_heads, hd};
     // The qkv GEMV stores q / k / v rotated itself where nothing sits between it and rope.
-    const bool roped = fused_norm && gemv_rope_ && !lw.bqkv && !lw.q_norm &&
-                       gemv_rope_supported(T, qkv_size_, H);
+    const bool roped = rope_in_gemv && !lw.bqkv && !lw.q_norm;
     if (fused_norm) {
       const GemvNorm norm{lw.attn_norm, norm_parts_, norm_count, cfg_.rms_eps};
       if (roped)
@@ -676,9 +676,7 @@ void Model::run_layers(int T, int table_stride, bool decode_mode, int logit_firs
       launch_head_rmsnorm(qkv_, T, qkv_size_, 0, cfg_.heads, hd, lw.q_norm, cfg_.rms_eps, stream_);
       launch_head_rmsnorm(qkv_, T, qkv_size_, q_size_, cfg_.kv_heads, hd, lw.k_norm, cfg_.rms_eps, stream_);
     }
-    if (!roped)
-      launch_rope_kv_write(qkv_, T, cfg_.heads, cfg_.kv_heads, hd, d_pos, d_slots, inv_freq_, q_,
-                           k_cache, v_cache, stream_);
+    if (!roped) launch_rope_kv_write(qkv_, T, rope, stream_);
     PagedAttention att{q_, k_cache, v_cache, d_tables, d_row_table, d_kv_lens, xn_, T, cfg_.heads,
                        cfg_.kv_heads, hd, cache_.block_size, table_stride,
                        1.f / std::sqrt((float)hd)};
