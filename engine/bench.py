@@ -1,6 +1,7 @@
 """`hearth bench`: what a desktop user feels, measured in one run on the GPU.
 
-    python -m engine.bench --model DIR [--model DIR ...] [--shape NAME ...] [--hf] [--torch] [--json OUT]
+    python -m engine.bench --model DIR [--model DIR ...] [--shape NAME ...] [--precision fast|exact ...]
+                           [--hf] [--torch] [--json OUT]
 
 `--shape` generates a random-weight checkpoint of a real shape (engine.tools.synth) and measures it.
 
@@ -11,14 +12,14 @@ For each checkpoint, the cuda-native backend's:
     prefill tok/s at 2,048;
   - aggregate decode tok/s with 8 / 32 / 64 sequences decoding together (runner.decode_and_sample);
   - second-turn time to first token: a 64-token message after a 4,096-token history vs alone;
-  - load GB/s (checkpoint bytes / load time, graph capture included) and peak GPU memory.
+  - load GB/s (checkpoint bytes / load time, graph capture included) and peak GPU memory;
+  - beside prefill, the projections alone as 16-bit cuBLAS products at 2,048 rows: the bound.
 With --hf the same shapes through transformers (bf16, eager); with --torch the torch backend (fp32,
 only checkpoints under 1 GB of weights: it is slow). A table is printed; --json writes every figure.
 """
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import statistics
@@ -51,21 +52,6 @@ def measure_bandwidth() -> float:
     del x
     torch.cuda.empty_cache()
     return nbytes / best
-
-
-@contextlib.contextmanager
-def _environ(values: dict):
-    """os.environ with `values` set inside the block, as it was after it."""
-    old = {k: os.environ.get(k) for k in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for k, v in old.items():
-            if v is None:
-                del os.environ[k]
-            else:
-                os.environ[k] = v
 
 
 class _Peak:
@@ -178,77 +164,39 @@ def bench_runner(runner, vocab: int, tokens: int, batches, peak, long_prompts: b
     return row
 
 
-def bench_prefill_variant(runner, vocab: int, env: str, value: str) -> dict:
-    """TTFT of a 2,048-token prompt and the second turn with `env`=`value` (read per prefill call),
-    so one run compares the prefill attention variants."""
-    from engine.sampling import GREEDY, SamplerState
+def projection_bound(info, rows: int = 2048, dtype: str = "float16") -> dict:
+    """The prefill bound of a shape: its projections alone (q/k/v, o, gate/up, down of every layer)
+    as one 16-bit cuBLAS product each at `rows` rows (torch.matmul, cuBLASLt underneath), timed with
+    CUDA events on random operands. Prefill can be no faster than this, attention aside."""
+    import torch
 
-    with _environ({env: value}):
-        prompt = _tokens(2048, vocab, 2048)
-        _ttft(runner, prompt)
-        ttft = statistics.median(_ttft(runner, prompt) for _ in range(2))
-        hist = runner.allocate_sequence()
-        runner.prefill(hist, _tokens(HISTORY, vocab, 8))
-        start = time.perf_counter()
-        runner.prefill(hist, _tokens(MESSAGE, vocab, 7))
-        runner.sample([SamplerState.start(GREEDY)])
-        second = time.perf_counter() - start
-        runner.release_sequence(hist)
-        alone = statistics.median(_ttft(runner, _tokens(MESSAGE, vocab, 7)) for _ in range(2))
-    return {f"{env}={value}": {"ttft_2048_ms": 1e3 * ttft, "prefill_2048_tok_s": 2048 / ttft,
-                               "second_turn_ttft_ms": 1e3 * second, "second_turn_ratio": second / alone}}
-
-
-# The decode kernels of rounds 1-4, for the A/B: no programmatic dependent launch, gate/up GEMV
-# then a separate swiglu kernel, RMSNorm kernels, two hi/lo products for buckets of 16+ with their
-# own split / add kernels, the split + merge decode attention without prefetch (all read when the
-# decode graphs are captured, at load).
-EARLIER_DECODE = {"HEARTH_PDL": "0", "HEARTH_GEMV_SWIGLU": "0", "HEARTH_GEMV_NORM": "0",
-                  "HEARTH_DECODE_GEMM": "split", "HEARTH_DECODE_GEMM_FUSE": "0", "HEARTH_DECODE_ATTN": "two-kernel",
-                  "HEARTH_ATTN_PREFETCH": "0", "HEARTH_GEMV_ROPE": "0"}
-
-
-def bench_decode_variant(info, max_batch: int, tokens: int, env: dict) -> dict:
-    """Batch-1, 8 and 64 decode tok/s of a runner loaded with `env` set, for the A/B (the same
-    prompts and steps as the main table's decode b1 and agg b8 / b64)."""
-    from engine.backends import cuda_native
-    from engine.backends.base import RunnerOptions
-
-    with _environ(env):
-        runner = cuda_native.load_runner(info, info.plan, RunnerOptions(context_length=HISTORY + 1024,
-                                                                         max_batch=max_batch))
-    vocab = info.decoder.vocab_size
-    try:
-        out = {}
-        for b in (1, 8, 64):
-            if b <= max_batch:
-                out[f"decode_b{b}_tok_s"] = _fresh_decode_rate(runner, vocab, b,
-                                                               tokens if b == 1 else max(16, tokens // 4))
-    finally:
-        runner.close()
-    return {" ".join(f"{k}={v}" for k, v in env.items()): out}
+    d = info.decoder
+    H, I = d.hidden_size, d.intermediate_size
+    q, kv = d.num_heads * d.head_dim, d.num_kv_heads * d.head_dim
+    shapes = [(q + 2 * kv, H), (H, q), (2 * I, H), (H, I)]
+    dt = getattr(torch, dtype)
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    total_ms = 0.0
+    for n, k in shapes:
+        x = torch.randn(rows, k, device="cuda", dtype=dt, generator=gen)
+        w = torch.randn(n, k, device="cuda", dtype=dt, generator=gen) * 0.02
+        for _ in range(3):
+            x @ w.T
+        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        reps = 10
+        start.record()
+        for _ in range(reps):
+            x @ w.T
+        stop.record()
+        torch.cuda.synchronize()
+        total_ms += start.elapsed_time(stop) / reps
+    layer_flops = 2 * rows * sum(n * k for n, k in shapes)
+    seconds = total_ms / 1e3 * d.num_layers
+    return {"projections_2048_ms": seconds * 1e3, "projections_2048_tok_s": rows / seconds,
+            "projections_2048_tflop_s": layer_flops * d.num_layers / seconds / 1e12}
 
 
-# Other decode paths --ab-each measures against the defaults: the decode attention with its
-# prefetch but rope triggering it after rope's wait, with one query head per block or the whole
-# group per block at every batch, its grouped kernel at one block per SM; and the RMSNorm kernel
-# at 1,024 threads per row (opt-in, not yet measured).
-CANDIDATE_DECODE = [{"HEARTH_ATTN_PREFETCH": "1"}, {"HEARTH_DECODE_ATTN": "per-head"},
-                    {"HEARTH_DECODE_ATTN": "grouped"}, {"HEARTH_ATTN_GROUP_BLOCKS": "1"},
-                    {"HEARTH_RMSNORM_THREADS": "1024"}]
-
-
-def decode_variants(ab: bool, ab_each: bool) -> list[dict]:
-    """The decode-path environments --ab / --ab-each compare with the defaults: all earlier paths at
-    once, and with --ab-each each switch alone and each candidate (one more load per entry)."""
-    variants = [EARLIER_DECODE] if ab or ab_each else []
-    if ab_each:
-        variants += [{k: v} for k, v in EARLIER_DECODE.items()] + CANDIDATE_DECODE
-    return variants
-
-
-def bench_cuda(path: str, tokens: int, bandwidth: float, max_batch: int, prefill_ab: bool = False,
-               ab: bool = False, ab_each: bool = False) -> dict:
+def bench_cuda(path: str, tokens: int, bandwidth: float, max_batch: int, precision: str = "fast") -> dict:
     import torch
 
     from engine.backends import cuda_native
@@ -257,35 +205,27 @@ def bench_cuda(path: str, tokens: int, bandwidth: float, max_batch: int, prefill
 
     info = inspect(path)
     torch.cuda.empty_cache()
-    earlier = {}
-    for env in decode_variants(ab, ab_each):
-        earlier.update(bench_decode_variant(info, max_batch, tokens, env))
-        torch.cuda.empty_cache()
     peak = _Peak()
     start = time.perf_counter()
     runner = cuda_native.load_runner(info, info.plan, RunnerOptions(context_length=HISTORY + 1024,
-                                                                     max_batch=max_batch))
+                                                                     max_batch=max_batch, precision=precision))
     load_s = time.perf_counter() - start
     peak()
     try:
         mem = runner.memory()
-        row = {"model": path, "backend": "cuda-native", "weight_bytes": mem["weight_bytes"],
+        row = {"model": path, "backend": f"cuda-native {precision}", "weight_bytes": mem["weight_bytes"],
                "load_s": load_s, "load_gb_s": info.weight_bytes / load_s / 1e9,
                "graph_buckets": runner.graph_buckets(), "gemm_backend": mem["gemm_backend"]}
-        if earlier:
-            row["earlier_decode"] = earlier
         row.update(bench_runner(runner, info.decoder.vocab_size, tokens,
                                 [b for b in AGG_BATCHES if b <= max_batch], peak))
-        if prefill_ab:
-            row.update(bench_prefill_variant(runner, info.decoder.vocab_size, "HEARTH_PREFILL_ATTN", "scalar"))
-        if ab or ab_each:
-            row.update(bench_prefill_variant(runner, info.decoder.vocab_size, "HEARTH_PREFILL_KSPLIT", "0"))
         row["roofline_tok_s"] = bandwidth / mem["weight_bytes"]
         row["roofline_fraction"] = row["decode_tok_s"] / row["roofline_tok_s"]
         row["peak_gpu_gb"] = peak.peak / 1e9
         row["kv_gb"] = mem["kv_bytes"] / 1e9
     finally:
         runner.close()
+    if precision == "fast":
+        row.update(projection_bound(info))
     return row
 
 
@@ -361,27 +301,13 @@ def print_table(result: dict) -> None:
             ("prefill 2048 tok/s", "prefill_2048_tok_s", ",.0f"), ("agg b8 tok/s", "agg_decode_b8_tok_s", ",.0f"),
             ("agg b32", "agg_decode_b32_tok_s", ",.0f"), ("agg b64", "agg_decode_b64_tok_s", ",.0f"),
             ("2nd turn / alone", "second_turn_ratio", ".2f"), ("load GB/s", "load_gb_s", ".1f"),
-            ("peak GB", "peak_gpu_gb", ".1f")]
+            ("peak GB", "peak_gpu_gb", ".1f"), ("projections alone 2048 tok/s", "projections_2048_tok_s", ",.0f")]
     print("| model | " + " | ".join(c[0] for c in cols) + " |")
     print("|---|" + "---|" * len(cols))
     for r in result["rows"]:
         name = r["model"].rstrip("/").split("/")[-1]
         print(f"| {name} | " + " | ".join(_fmt(r.get(c[1]), c[2]) if c[2] != "s" else str(r.get(c[1]))
                                         for c in cols) + " |")
-    for r in result["rows"]:
-        if "earlier_decode" in r:
-            name = r["model"].rstrip("/").split("/")[-1]
-            for key, v in r["earlier_decode"].items():
-                print(f"{name} decode with {key}: b1 {v['decode_b1_tok_s']:,.0f} tok/s "
-                      f"(now {r['decode_tok_s']:,.0f}), b8 {v['decode_b8_tok_s']:,.0f} tok/s "
-                      f"(now {r.get('agg_decode_b8_tok_s', 0):,.0f}), b64 {v.get('decode_b64_tok_s', 0):,.0f} "
-                      f"tok/s (now {r.get('agg_decode_b64_tok_s', 0):,.0f})")
-        for key, v in r.items():
-            if key.startswith("HEARTH_") and isinstance(v, dict):
-                name = r["model"].rstrip("/").split("/")[-1]
-                print(f"{name} with {key}: TTFT 2048 {v['ttft_2048_ms']:.1f} ms "
-                      f"({v['prefill_2048_tok_s']:,.0f} tok/s), 2nd turn {v['second_turn_ttft_ms']:.1f} ms "
-                      f"(x{v['second_turn_ratio']:.2f})")
 
 
 def main(argv=None) -> int:
@@ -395,15 +321,8 @@ def main(argv=None) -> int:
     parser.add_argument("--max-batch", type=int, default=64)
     parser.add_argument("--hf", action="store_true", help="also transformers (bf16, eager)")
     parser.add_argument("--torch", action="store_true", help="also the torch backend (checkpoints < 1 GB)")
-    parser.add_argument("--prefill-ab", action="store_true",
-                        help="also TTFT 2048 and the second turn with the scalar prefill attention")
-    parser.add_argument("--ab", action="store_true",
-                        help="also the earlier paths in the same run: decode b1/b8/b64 with the previous "
-                             "round's decode kernels (see EARLIER_DECODE; a second load), "
-                             "second turn without the prefill key split (HEARTH_PREFILL_KSPLIT=0)")
-    parser.add_argument("--ab-each", action="store_true",
-                        help="--ab, plus each of its decode switches alone and the opt-in candidates "
-                             "(CANDIDATE_DECODE; one more load each)")
+    parser.add_argument("--precision", action="append", choices=["fast", "exact"], default=[],
+                        help="cuda-native precision(s) to measure (repeatable; default fast)")
     parser.add_argument("--json")
     args = parser.parse_args(argv)
     if not args.model and not args.shape:
@@ -436,8 +355,9 @@ def main(argv=None) -> int:
                 json.dump(result, f, indent=1)
 
     for path in args.model:
-        for name, fn in (("cuda-native", lambda: bench_cuda(path, args.tokens, bandwidth, args.max_batch, args.prefill_ab, args.ab,
-                                                            args.ab_each)),
+        runs = [(f"cuda-native {p}", lambda p=p: bench_cuda(path, args.tokens, bandwidth, args.max_batch, p))
+                for p in (args.precision or ["fast"])]
+        for name, fn in (*runs,
                          ("transformers", lambda: bench_hf(path, min(args.tokens, 64)) if args.hf else None),
                          ("torch", lambda: bench_torch(path, args.tokens) if args.torch else None)):
             if name == "torch" and args.torch:

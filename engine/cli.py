@@ -1,7 +1,7 @@
 """`hearth`: the command line.
 
     hearth [app] [--model ID]      open the desktop app
-    hearth inspect PATH [--json]
+    hearth inspect PATH [--json] [--plan [--context N] [--sessions N] [--precision fast|exact]]
     hearth models list [--json] | import PATH | remove ID | default
     hearth generate MODEL --prompt TEXT [--chat] [--max-tokens N] [--temperature T] [--seed S] [--backend B] [--json]
     hearth chat MODEL
@@ -51,7 +51,26 @@ class ProgressBar:
 def _engine(args):
     from .engine import Engine
 
-    return Engine(backend=getattr(args, "backend", "auto") or "auto")
+    from .plan import DEFAULT_RESIDENT_SESSIONS
+
+    return Engine(backend=getattr(args, "backend", "auto") or "auto",
+                  precision=getattr(args, "precision", None) or "fast",
+                  resident_sessions=getattr(args, "sessions", None) or DEFAULT_RESIDENT_SESSIONS)
+
+
+def _print_plan(args) -> None:
+    """The memory plan of a load, part by part, against the memory free now."""
+    eng = _engine(args)
+    plan = eng.memory_plan(args.path, context_length=args.context)
+    free, total, where = eng.free_memory()
+    print(f"  memory plan      {eng.backend}, {plan.precision} precision, {plan.context_length:,}-token "
+          f"context, {plan.sessions} session{'s' if plan.sessions != 1 else ''} resident")
+    for name, n in plan.breakdown():
+        print(f"    {name:<44} {_size(n):>10}")
+    print(f"    {'total':<44} {_size(plan.total_bytes):>10}")
+    if plan.reserve_bytes:
+        print(f"    {'kept free for other programs':<44} {_size(plan.reserve_bytes):>10}")
+    print(f"  fit              {plan.fits(free, where).message}")
 
 
 def cmd_inspect(args) -> int:
@@ -78,6 +97,8 @@ def cmd_inspect(args) -> int:
     else:
         print(f"  plan             unsupported: {info.plan_error}")
     print(f"  tensors          {len(info.tensors)}")
+    if args.plan and info.plan is not None:
+        _print_plan(args)
     return 0
 
 
@@ -188,6 +209,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("inspect", help="describe a checkpoint without loading it")
     p.add_argument("path")
     p.add_argument("--json", action="store_true")
+    p.add_argument("--plan", action="store_true", help="the memory plan of a load, part by part")
+    p.add_argument("--context", type=int, default=None, help="context length for --plan")
+    p.add_argument("--sessions", type=int, default=None, help="full-length sessions kept resident (--plan)")
+    p.add_argument("--precision", default=None, choices=["fast", "exact"])
+    p.add_argument("--backend", default="auto", choices=["auto", "torch", "cuda-native"])
     p.set_defaults(func=cmd_inspect)
 
     p = sub.add_parser("models", help="the model library")
@@ -201,6 +227,8 @@ def build_parser() -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=helptext)
         p.add_argument("model", help="a model id from the library, or a checkpoint folder")
         p.add_argument("--backend", default="auto", choices=["auto", "torch", "cuda-native"])
+        p.add_argument("--precision", default=None, choices=["fast", "exact"],
+                       help="cuda-native: fast (16-bit products, the default) or exact (fp32-accurate)")
         p.add_argument("--max-tokens", type=int, default=256)
         p.add_argument("--temperature", type=float, default=0.7)
         p.add_argument("--top-k", type=int, default=0)

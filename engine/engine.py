@@ -28,8 +28,9 @@ from .backends.base import ModelRunner, RunnerOptions
 from .chat_template import ChatTemplate
 from .checkpoint import CheckpointInfo, inspect as inspect_checkpoint
 from .errors import (BackendUnavailable, Cancelled, ChatTemplateError, ContextOverflow, EngineOutOfMemory,
-                     HearthError, TokenizerMissing, UnknownModel, UnknownSession, UnsupportedArchitecture)
-from .plan import MemoryPlan, check_dtypes_loadable
+                     HearthError, InvalidOption, TokenizerMissing, UnknownModel, UnknownSession,
+                     UnsupportedArchitecture)
+from .plan import DEFAULT_GPU_RESERVE, DEFAULT_RESIDENT_SESSIONS, MemoryPlan, check_dtypes_loadable
 from .progress import ProgressCallback, ProgressEvent
 from .sampling import SamplerState, SamplingParams
 from .scheduler import ModelLoop, Request
@@ -117,10 +118,24 @@ def _available_memory() -> tuple[int, int]:
         return vm.available, vm.total
 
 
+PRECISIONS = ("fast", "exact")
+
+
+def _check_precision(precision: str) -> str:
+    if precision not in PRECISIONS:
+        raise InvalidOption(f"Precision {precision!r} is not one of {', '.join(PRECISIONS)}: fast (the default) "
+                            "multiplies in 16 bits like every local engine, exact keeps fp32-accurate activations.")
+    return precision
+
+
 class Engine:
     def __init__(self, backend: str = "auto", device: Optional[str] = None, home: Optional[os.PathLike] = None,
                  context_length: Optional[int] = None, compute_dtype: str = "float32", max_batch: int = 8,
-                 decode_priority_burst: int = 4, prefill_chunk: int = 512):
+                 decode_priority_burst: int = 4, prefill_chunk: int = 512, precision: str = "fast",
+                 resident_sessions: int = DEFAULT_RESIDENT_SESSIONS, gpu_reserve_bytes: Optional[int] = None):
+        """precision: "fast" (one 16-bit product per projection, the default) or "exact" (fp32-accurate
+        activations), cuda-native only; resident_sessions: full-length contexts the KV cache holds at
+        once; gpu_reserve_bytes: GPU memory a load leaves free for the desktop (default 1 GiB)."""
         if backend not in BACKENDS:
             raise BackendUnavailable(f"Unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}.")
         self.requested_backend = backend
@@ -132,6 +147,11 @@ class Engine:
         self.max_batch = max_batch
         self.decode_priority_burst = decode_priority_burst
         self.prefill_chunk = prefill_chunk
+        self.precision = _check_precision(precision)
+        if int(resident_sessions) < 1:
+            raise InvalidOption("resident_sessions must be at least 1.")
+        self.resident_sessions = int(resident_sessions)
+        self.gpu_reserve_bytes = DEFAULT_GPU_RESERVE if gpu_reserve_bytes is None else max(0, int(gpu_reserve_bytes))
         self._models: dict[str, _LoadedModel] = {}
         self._sessions: dict[str, _Session] = {}
         self._lock = threading.RLock()
@@ -193,10 +213,22 @@ class Engine:
         per = 4 if backend == "torch" and self.compute_dtype == "float32" else 2
         return numel * per
 
-    def memory_plan(self, path_or_id, context_length: Optional[int] = None) -> MemoryPlan:
+    def memory_plan(self, path_or_id, context_length: Optional[int] = None,
+                    precision: Optional[str] = None) -> MemoryPlan:
         info = self.inspect(path_or_id)
-        return MemoryPlan.for_model(info.decoder, self._weight_bytes_resident(info, self.backend),
-                                    self._context_for(info, context_length), max_batch=self.max_batch)
+        return self._plan(info, self._context_for(info, context_length), _check_precision(precision or self.precision))
+
+    def _plan(self, info: CheckpointInfo, context: int, precision: str) -> MemoryPlan:
+        """The one memory plan: what the load of `info` at `context` will take."""
+        if self.backend == "cuda-native" and info.plan is not None:
+            from .backends import cuda_native
+
+            native = cuda_native.memory_plan(info, context, self.max_batch, self.resident_sessions, precision)
+            if native is not None:
+                return MemoryPlan.from_native(info.decoder, native, context, 16, self.resident_sessions,
+                                              self.gpu_reserve_bytes, precision)
+        return MemoryPlan.for_model(info.decoder, self._weight_bytes_resident(info, self.backend), context,
+                                    max_batch=self.max_batch, precision=precision)
 
     def free_memory(self) -> tuple[int, int, str]:
         """(free bytes, total bytes, "GPU" or "RAM") where the current backend keeps its weights."""
@@ -219,7 +251,8 @@ class Engine:
 
     # ----------------------------------------------------------------------------- loading
     def load_model(self, path_or_id, progress: Optional[ProgressCallback] = None,
-                   cancel: Optional[threading.Event] = None, context_length: Optional[int] = None) -> ModelHandle:
+                   cancel: Optional[threading.Event] = None, context_length: Optional[int] = None,
+                   precision: Optional[str] = None) -> ModelHandle:
         report = progress or stages.no_progress
 
         def emit(event: ProgressEvent) -> None:
@@ -240,15 +273,16 @@ class Engine:
         if model_id in self._models:
             return ModelHandle(model_id, self._models[model_id].backend)
         context = self._context_for(info, context_length)
-        plan = MemoryPlan.for_model(info.decoder, self._weight_bytes_resident(info, self.backend), context,
-                                    max_batch=self.max_batch)
+        precision = _check_precision(precision or self.precision)
+        plan = self._plan(info, context, precision)
         free, _, where = self.free_memory()
         fit = plan.fits(free, where)
         if not fit.ok:
             raise EngineOutOfMemory(fit.message, plan.total_bytes, free)
         total = info.weight_bytes
         emit(ProgressEvent(stages.INSPECTING, 0, total, f"{len(info.tensors)} tensors, {info.plan.family}"))
-        options = RunnerOptions(context_length=context, max_batch=self.max_batch, compute_dtype=self.compute_dtype)
+        options = RunnerOptions(context_length=context, max_batch=self.max_batch, compute_dtype=self.compute_dtype,
+                                kv_blocks=plan.kv_blocks, precision=precision)
         runner = self._load_runner(info, options, emit)
         try:
             emit(ProgressEvent(stages.PREPARING_RUNNER, total, total, "tokenizer and chat template"))

@@ -82,3 +82,7 @@ class Cancelled(HearthError):
 
 class ImportFailed(HearthError):
     kind = "import-failed"
+
+
+class InvalidOption(HearthError):
+    """A load or run option outside what the engine accepts (the message names the choices)."""

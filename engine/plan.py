@@ -71,61 +71,119 @@ def _gib(n: int) -> str:
     return f"{n / GiB:.1f} GiB"
 
 
+# Full-length sessions the KV pool holds unless the user says otherwise (native/src/runtime/
+# memory_plan.h has the same default).
+DEFAULT_RESIDENT_SESSIONS = 4
+# Left free on the GPU for the desktop and other programs unless the user sets a VRAM budget.
+DEFAULT_GPU_RESERVE = 1 * GiB
+
+
 @dataclass(frozen=True)
 class MemoryPlan:
-    weight_bytes: int            # resident weights in the engine's dtype
+    """Every byte a load takes, before it happens. For cuda-native the parts come from the engine
+    itself (engine._native.plan_memory: the buffers the native runtime then allocates exactly);
+    for the torch backend they are estimated from the shapes."""
+    weight_bytes: int            # resident weights in the engine's format
     kv_bytes_per_token: int
     context_length: int
     kv_block_size: int
     workspace_bytes: int         # activations, logits, sampling scratch
     max_context: int = 0         # the longest context the model supports
+    sessions: int = 1            # full-length sessions the KV pool holds at once
+    runtime_bytes: int = 0       # library handles, decode graphs (an estimate)
+    reserve_bytes: int = 0       # left free for the desktop and other programs (the VRAM budget)
+    kv_spare_blocks: int = 0     # blocks beyond the sessions' (cuda-native: the padding rows' one)
+    workspace_parts: tuple = ()  # (name, bytes) of the workspace, where the engine reports them
+    precision: str = "fast"
 
     @classmethod
     def for_model(cls, decoder: DecoderConfig, weight_bytes: int, context_length: int | None = None,
-                  kv_block_size: int = 16, max_batch: int = 8) -> "MemoryPlan":
+                  kv_block_size: int = 16, max_batch: int = 8, sessions: int = 1,
+                  reserve_bytes: int = 0, precision: str = "fast") -> "MemoryPlan":
+        """The torch backend's estimate (weights as given, one KV cache per session)."""
         context = int(context_length or decoder.max_position_embeddings)
         workspace = max_batch * 4 * (decoder.vocab_size + 8 * decoder.intermediate_size + 8 * decoder.hidden_size)
-        workspace += 64 * 1024 * 1024  # library handles and graph pools
         return cls(weight_bytes, decoder.kv_bytes_per_token(2), context, kv_block_size, workspace,
-                   decoder.max_position_embeddings)
+                   decoder.max_position_embeddings, sessions=sessions, runtime_bytes=64 * 1024 * 1024,
+                   reserve_bytes=reserve_bytes, precision=precision)
+
+    @classmethod
+    def from_native(cls, decoder: DecoderConfig, native: dict, context_length: int, kv_block_size: int,
+                    sessions: int, reserve_bytes: int, precision: str) -> "MemoryPlan":
+        """The plan the native runtime computed for this config (engine._native.plan_memory)."""
+        blocks = -(-context_length // kv_block_size) * sessions
+        per_token = native["kv_block_bytes"] // kv_block_size
+        return cls(int(native["weight_bytes"]), int(per_token), context_length, kv_block_size,
+                   int(native["workspace_bytes"]), decoder.max_position_embeddings, sessions=sessions,
+                   runtime_bytes=int(native["runtime_bytes"]), reserve_bytes=reserve_bytes,
+                   kv_spare_blocks=int(native["kv_blocks"]) + 1 - blocks,
+                   workspace_parts=tuple(sorted(native["workspace"].items(), key=lambda kv: -kv[1])),
+                   precision=precision)
 
     @property
     def kv_blocks(self) -> int:
-        return -(-self.context_length // self.kv_block_size)
+        """The pool's blocks: each session's full context."""
+        return -(-self.context_length // self.kv_block_size) * self.sessions
 
     @property
     def kv_bytes(self) -> int:
-        return self.kv_blocks * self.kv_block_size * self.kv_bytes_per_token
+        return (self.kv_blocks + self.kv_spare_blocks) * self.kv_block_size * self.kv_bytes_per_token
 
     @property
     def total_bytes(self) -> int:
-        return self.weight_bytes + self.kv_bytes + self.workspace_bytes
+        """What the load takes from the device."""
+        return self.weight_bytes + self.kv_bytes + self.workspace_bytes + self.runtime_bytes
+
+    def breakdown(self) -> list[tuple[str, int]]:
+        """(part, bytes) as a user reads it; the parts add up to total_bytes."""
+        kv = (f"KV cache ({self.sessions} session{'s' if self.sessions != 1 else ''} x "
+              f"{self.context_length:,} tokens)")
+        return [("weights", self.weight_bytes), (kv, self.kv_bytes), ("workspace", self.workspace_bytes),
+                ("runtime (libraries, decode graphs)", self.runtime_bytes)]
 
     def max_context_for(self, free_bytes: int) -> int:
-        room = free_bytes - self.weight_bytes - self.workspace_bytes
+        """The longest context that fits `free_bytes` (after the reserve) at this many sessions."""
+        room = (free_bytes - self.reserve_bytes - self.weight_bytes - self.workspace_bytes - self.runtime_bytes
+                - self.kv_spare_blocks * self.kv_block_size * self.kv_bytes_per_token)
         if room <= 0:
             return 0
-        tokens = room // self.kv_bytes_per_token
-        return int(tokens // self.kv_block_size * self.kv_block_size)
+        tokens = room // (self.kv_bytes_per_token * max(1, self.sessions))
+        return int(min(tokens // self.kv_block_size * self.kv_block_size, self.max_context or tokens))
+
+    def max_sessions_for(self, free_bytes: int) -> int:
+        room = (free_bytes - self.reserve_bytes - self.weight_bytes - self.workspace_bytes - self.runtime_bytes
+                - self.kv_spare_blocks * self.kv_block_size * self.kv_bytes_per_token)
+        per_session = -(-self.context_length // self.kv_block_size) * self.kv_block_size * self.kv_bytes_per_token
+        return max(0, int(room // per_session)) if room > 0 else 0
 
     def fits(self, free_bytes: int, where: str = "GPU") -> FitReport:
         need = self.total_bytes
-        if need <= free_bytes:
-            return FitReport(True, f"Needs {_gib(need)} of {_gib(free_bytes)} free {where} memory "
+        budget = free_bytes - self.reserve_bytes
+        keep = f", keeping {_gib(self.reserve_bytes)} free for other programs" if self.reserve_bytes else ""
+        if need <= budget:
+            return FitReport(True, f"Needs {_gib(need)} of {_gib(free_bytes)} free {where} memory{keep} "
                                    f"({_gib(self.weight_bytes)} weights, {_gib(self.kv_bytes)} KV cache "
-                                   f"for {self.context_length:,} tokens).")
+                                   f"for {self.sessions} x {self.context_length:,} tokens).")
+        message = f"Needs {_gib(need)}, {_gib(free_bytes)} free {where} memory{keep}: "
+        advice = []
         context = self.max_context_for(free_bytes)
-        message = f"Needs {_gib(need)}, {_gib(free_bytes)} free {where} memory: "
         if context >= 256:
-            message += f"reduce the context to {context:,} tokens, or close other programs using the {where}."
+            advice.append(f"reduce the context to {context:,} tokens")
+        sessions = self.max_sessions_for(free_bytes)
+        if 1 <= sessions < self.sessions:
+            advice.append(f"keep {sessions} session{'s' if sessions != 1 else ''} resident instead of {self.sessions}")
+        if advice:
+            message += " or ".join(advice) + f", or close other programs using the {where}."
         else:
             message += (f"the weights alone need {_gib(self.weight_bytes)}; choose a smaller or more "
                         f"quantized model, or free {where} memory.")
         return FitReport(False, message)
 
     def to_dict(self) -> dict:
-        return {**asdict(self), "kv_blocks": self.kv_blocks, "kv_bytes": self.kv_bytes,
-                "total_bytes": self.total_bytes}
+        d = asdict(self)
+        d["workspace_parts"] = [list(p) for p in self.workspace_parts]
+        return {**d, "kv_blocks": self.kv_blocks, "kv_bytes": self.kv_bytes, "total_bytes": self.total_bytes,
+                "breakdown": self.breakdown()}
 
 
 def check_dtypes_loadable(info) -> None:

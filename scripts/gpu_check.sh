@@ -2,9 +2,8 @@
 # The one script run on the GPU machine: build the extension for that GPU, generate synthetic
 # checkpoints, run the cuda tests, run the decode benchmark. Logs under $OUT (or ./gpu-out).
 # Usage: scripts/gpu_check.sh [all|build|test|bench] [pytest -k expression]
-# HEARTH_TEST_TIMEOUT / HEARTH_BENCH_TIMEOUT / HEARTH_OLD_PATHS_TIMEOUT (seconds) bound the long
+# HEARTH_TEST_TIMEOUT / HEARTH_BENCH_TIMEOUT (seconds) bound the long
 # steps, so one device call of at most 10 minutes always ends with its summary.
-# HEARTH_OLD_PATHS_K: a pytest -k expression run last with the earlier kernels switched on.
 # HEARTH_SYNTH_SHAPES: the checkpoints to generate (default all four).
 # HEARTH_PROFILE_MODELS / HEARTH_PRECISION_MODELS: shapes (among those generated) for the optional
 # per-kernel decode profile and matrix-product precision steps (timeouts HEARTH_PROFILE_TIMEOUT, 120 s,
@@ -47,7 +46,7 @@ fi
 
 if [[ $STEP == all || $STEP == bench ]]; then
   # HEARTH_BENCH_ARGS: peers to bench beside cuda-native (default --hf --torch; "" for none) and
-  # --prefill-ab (TTFT 2048 / second turn again with the scalar prefill attention).
+  # --precision exact to measure the exact precision too (--precision fast --precision exact).
   read -r -a bench_args <<<"${HEARTH_BENCH_ARGS---hf --torch}"
   # HEARTH_BENCH_MODELS: the shapes to bench (default all three).
   model_args=()
@@ -79,16 +78,6 @@ if [[ ($STEP == all || $STEP == bench) && -n ${HEARTH_PRECISION_MODELS:-} ]]; th
     --json "$OUT/precision.json" >"$OUT/precision.log" 2>&1
   summary+=("precision rc=$?")
   tail -40 "$OUT/precision.log"
-fi
-
-# The earlier paths behind their switches (HEARTH_PREFILL_ATTN=scalar, HEARTH_GEMV_FEATURES=1,
-# HEARTH_PREFILL_KSPLIT=0, HEARTH_LOAD_THREADS=1),
-# a runner-level subset, so a default can be flipped back without another device run.
-if [[ ($STEP == all || $STEP == test) && -n ${HEARTH_OLD_PATHS_K:-} ]]; then
-  HEARTH_PREFILL_ATTN=scalar HEARTH_GEMV_FEATURES=1 HEARTH_PREFILL_KSPLIT=0 HEARTH_LOAD_THREADS=1 timeout "${HEARTH_OLD_PATHS_TIMEOUT:-60}" \
-    python3 -m pytest -m cuda tests/cuda -q -rs -k "$HEARTH_OLD_PATHS_K" >"$OUT/pytest_old.log" 2>&1
-  summary+=("pytest old paths (scalar prefill, 1 feature/warp) rc=$?: $(tail -1 "$OUT/pytest_old.log")")
-  grep -E "FAILED|Error" "$OUT/pytest_old.log" | head -20
 fi
 
 echo "=== summary ==="

@@ -97,15 +97,3 @@ def test_bench_without_a_gpu_says_why():
     assert proc.returncode == 1
     assert "cannot run here" in proc.stderr and "Traceback" not in proc.stderr
 
-
-def test_bench_ab_each_compares_every_decode_switch_alone():
-    """--ab-each measures the earlier decode paths together and each switch on its own."""
-    from engine.bench import CANDIDATE_DECODE, EARLIER_DECODE, decode_variants
-
-    assert decode_variants(False, False) == []
-    assert decode_variants(True, False) == [EARLIER_DECODE]
-    each = decode_variants(False, True)
-    assert each[0] == EARLIER_DECODE
-    singles = each[1:len(EARLIER_DECODE) + 1]
-    assert [list(v.items()) for v in singles] == [[item] for item in EARLIER_DECODE.items()]
-    assert each[len(EARLIER_DECODE) + 1:] == CANDIDATE_DECODE

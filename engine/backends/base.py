@@ -24,12 +24,15 @@ from ..sampling import SamplerState
 class RunnerOptions:
     context_length: int          # the longest sequence the runner must hold
     kv_block_size: int = 16      # tokens per KV block (paged backends)
-    kv_blocks: int = 0           # 0 = size the pool from the memory budget
+    kv_blocks: int = 0           # the KV pool's blocks (the memory plan's); 0 = the native default
     max_batch: int = 8           # most sequences decoded together
     compute_dtype: str = "float32"  # torch backend: float32 or bfloat16
     # How the torch backend stores K and V: "auto" = the compute dtype. "bfloat16" stores them as
     # cuda-native does, so the reference computes in fp32 over the engine's own cache format.
     kv_dtype: str = "auto"
+    # cuda-native: "fast" (scaled fp16 weights and activations, one product per projection) or
+    # "exact" (bf16 weights, fp32 activations as two bf16 products). The torch backend ignores it.
+    precision: str = "fast"
 
 
 class ModelRunner(ABC):

@@ -90,7 +90,7 @@ def _preload_cublaslt() -> None:
             return
 
 
-def _model_config(info: CheckpointInfo) -> dict:
+def _model_config(info: CheckpointInfo, precision: str = "fast") -> dict:
     d = info.decoder
     if d.is_moe:
         raise UnsupportedArchitecture("The cuda-native backend does not run mixture-of-experts models yet.")
@@ -102,7 +102,7 @@ def _model_config(info: CheckpointInfo) -> dict:
         "kv_heads": d.num_kv_heads, "head_dim": d.head_dim, "intermediate": d.intermediate_size,
         "vocab": d.vocab_size, "rms_eps": float(d.rms_norm_eps), "rope_theta": float(d.rope_theta),
         "tied_embeddings": "lm_head" not in info.catalog.globals,
-        "qkv_bias": bool(d.attention_bias), "qk_norm": bool(d.qk_norm),
+        "qkv_bias": bool(d.attention_bias), "qk_norm": bool(d.qk_norm), "precision": precision,
     }
     scaling = d.rope_scaling or {}
     kind = scaling.get("rope_type") or scaling.get("type") or "default"
@@ -116,6 +116,27 @@ def _model_config(info: CheckpointInfo) -> dict:
     elif kind != "default":
         raise UnsupportedArchitecture(f"The cuda-native backend does not implement {kind!r} rope scaling.")
     return config
+
+
+def _cache_config(context_length: int, block_size: int, max_batch: int, block_count: int) -> dict:
+    return {"block_size": int(block_size), "block_count": int(block_count),
+            "max_sequence_blocks": -(-int(context_length) // int(block_size)),
+            "max_batch": int(max_batch), "chunk_tokens": 512}
+
+
+def memory_plan(info: CheckpointInfo, context_length: int, max_batch: int, sessions: int,
+                precision: str, block_size: int = 16) -> Optional[dict]:
+    """The native runtime's own memory plan for this checkpoint (engine._native.plan_memory: the
+    buffers a load allocates), or None where the extension has no CUDA runtime compiled in."""
+    try:
+        native = _native()
+    except Exception:
+        return None
+    if not hasattr(native, "plan_memory"):
+        return None
+    blocks = -(-int(context_length) // block_size) * int(sessions)
+    return dict(native.plan_memory(_model_config(info, precision),
+                                   _cache_config(context_length, block_size, max_batch, blocks)))
 
 
 def _placements(info: CheckpointInfo):
@@ -157,18 +178,14 @@ class CudaRunner(ModelRunner):
         self.options = options
         if info.format != "safetensors":
             raise UnsupportedTensorType("The cuda-native backend loads safetensors checkpoints.")
-        config = _model_config(info)
+        config = _model_config(info, options.precision)
         placements = _placements(info)
         for _, _, t, _ in placements:
             if t.dtype not in _DTYPE_CODES:
                 raise UnsupportedTensorType(f"The cuda-native backend reads bf16, fp16 and fp32 tensors, "
                                             f"not {t.dtype} ({t.name}).")
-        block = int(options.kv_block_size)
-        cache = {
-            "block_size": block, "block_count": int(options.kv_blocks),
-            "max_sequence_blocks": -(-int(options.context_length) // block),
-            "max_batch": int(options.max_batch), "chunk_tokens": 512,
-        }
+        cache = _cache_config(options.context_length, options.kv_block_size, options.max_batch,
+                              options.kv_blocks)
         _preload_cublaslt()
         total = sum(p[2].bytes for p in placements)
         counter = ByteCounter(progress, LOADING_WEIGHTS, total)
@@ -212,7 +229,13 @@ class CudaRunner(ModelRunner):
         try:
             return fn(*args)
         except self._native.CacheFull as exc:
-            raise ContextOverflow(str(exc)) from None
+            message = str(exc)
+            if "KV cache is full" in message:  # the pool, not this sequence's context
+                total = self._m().memory()["kv_blocks_total"] * self.options.kv_block_size
+                message = (f"The KV cache is full: the chats in progress hold all {total:,} tokens this model "
+                           f"was loaded with ({message}). Finish or delete a chat, or load the model with "
+                           "more resident sessions or a shorter context.")
+            raise ContextOverflow(message) from None
         except self._native.OutOfMemory as exc:
             message, needed, free = exc.args
             raise EngineOutOfMemory(message, needed_bytes=int(needed), free_bytes=int(free)) from None

@@ -44,6 +44,10 @@ hearth::ModelConfig model_config(const py::dict& d) {
   c.tied_embeddings = get<bool>(d, "tied_embeddings", false);
   c.qkv_bias = get<bool>(d, "qkv_bias", false);
   c.qk_norm = get<bool>(d, "qk_norm", false);
+  const std::string precision = get<std::string>(d, "precision", "fast");
+  if (precision != "fast" && precision != "exact")
+    throw std::invalid_argument("precision must be 'fast' or 'exact', not '" + precision + "'");
+  c.precision = precision == "fast" ? hearth::Precision::Fast : hearth::Precision::Exact;
   return c;
 }
 
@@ -54,8 +58,22 @@ hearth::CacheConfig cache_config(const py::dict& d) {
   c.max_sequence_blocks = d["max_sequence_blocks"].cast<int>();
   c.max_batch = get<int>(d, "max_batch", 8);
   c.chunk_tokens = get<int>(d, "chunk_tokens", 512);
-  c.reserve_bytes = get<size_t>(d, "reserve_bytes", size_t(1) << 30);
   return c;
+}
+
+py::dict plan_dict(const hearth::MemoryPlan& plan) {
+  py::dict d;
+  d["weight_bytes"] = plan.weight_bytes;
+  d["kv_blocks"] = plan.kv_blocks;
+  d["kv_block_bytes"] = plan.kv_block_bytes;
+  d["kv_bytes"] = plan.kv_bytes;
+  py::dict parts;
+  for (const auto& p : plan.workspace) parts[py::str(p.first)] = p.second;
+  d["workspace"] = parts;
+  d["workspace_bytes"] = plan.workspace_bytes;
+  d["runtime_bytes"] = plan.runtime_bytes;
+  d["total_bytes"] = plan.total_bytes();
+  return d;
 }
 
 std::vector<hearth::SampleRequest> sample_requests(const py::list& rows) {
@@ -172,16 +190,27 @@ void bind_runtime(py::module_& m) {
         d["kv_block_size"] = r.block_size;
         d["sequences"] = r.sequences;
         d["gemm_backend"] = r.gemm_backend;
+        d["precision"] = r.precision;
         return d;
       });
+
+  m.def("plan_memory", [](const py::dict& config, const py::dict& cache) {
+    return plan_dict(hearth::plan_memory(model_config(config), cache_config(cache)));
+  }, py::arg("config"), py::arg("cache"),
+        "Every byte a model with this config and cache would allocate (no device needed).");
+  m.def("fp16_operand_scale", &hearth::fp16_operand_scale, py::arg("amax"));
 
   m.def("step_uniform", &hearth::step_uniform, py::arg("seed"), py::arg("step"));
   m.def("cublaslt_available", &hearth::cublaslt_available, release());
 
   namespace c = hearth::checks;
   py::module_ k = m.def_submodule("kernels", "Single-kernel entry points on raw device pointers (tests)");
-  k.def("embedding", &c::embedding, release());
-  k.def("rmsnorm_residual", &c::rmsnorm_residual, release());
+  k.def("embedding", &c::embedding, release(), py::arg("ids"), py::arg("tokens"), py::arg("table"),
+        py::arg("vocab"), py::arg("hidden"), py::arg("out"), py::arg("fp16") = false,
+        py::arg("scale") = 1.f);
+  k.def("rmsnorm_residual", &c::rmsnorm_residual, release(), py::arg("residual"), py::arg("delta"),
+        py::arg("weight"), py::arg("out"), py::arg("rows"), py::arg("hidden"), py::arg("eps"),
+        py::arg("delta_row_scale") = 0, py::arg("out16") = 0, py::arg("out16_scale") = 1.f);
   k.def("add_bias", &c::add_bias, release());
   k.def("head_rmsnorm", &c::head_rmsnorm, release());
   k.def("rope_inv_freq", [](const py::dict& config) { return c::rope_inv_freq(model_config(config)); });
@@ -189,12 +218,20 @@ void bind_runtime(py::module_& m) {
   k.def("paged_attention", &c::paged_attention, release());
   k.def("prefill_key_splits", &hearth::prefill_key_splits, py::arg("rows"), py::arg("heads"),
         py::arg("head_dim"), py::arg("max_kv_len"), py::arg("part_rows"));
-  k.def("swiglu", &c::swiglu, release());
+  k.def("swiglu", &c::swiglu, release(), py::arg("gate_up"), py::arg("out"), py::arg("rows"),
+        py::arg("inter"), py::arg("out16") = 0, py::arg("row_scale") = 0);
   k.def("gemv_swiglu", &c::gemv_swiglu, release());
   k.def("decode_attention_launch", &c::decode_attention_launch, release());
-  k.def("gemv_fused", &c::gemv_fused, release());
+  k.def("gemv_fused", &c::gemv_fused, release(), py::arg("x"), py::arg("w"), py::arg("out"),
+        py::arg("rows"), py::arg("n"), py::arg("k"), py::arg("norm_weight"), py::arg("norm_partials"),
+        py::arg("norm_count"), py::arg("eps"), py::arg("residual_partials"), py::arg("fp16") = false,
+        py::arg("w_scale") = 1.f);
   k.def("gemv_blocks", &hearth::gemv_blocks, py::arg("rows"), py::arg("n"), py::arg("k"));
   k.def("matmul", &c::matmul, release());
+  k.def("gemm_fast", &c::gemm_fast, release());
+  k.def("convert_to_f16", &c::convert_to_f16, release());
+  k.def("amax_bf16", &c::amax_bf16, release());
+  k.def("bf16_to_f16_inplace", &c::bf16_to_f16_inplace, release());
   k.def("convert_to_bf16", &c::convert_to_bf16, release());
   k.def("gemv_seconds", &c::gemv_seconds, release());
   k.def("sample", [](uintptr_t logits, int rows, int vocab, const py::list& reqs) {

@@ -43,19 +43,6 @@ __device__ __forceinline__ float block_max(float v, float* scratch) {
   return warp_max(v);
 }
 
-// An activation for the next matrix product at index i: fp32 in out, or (hi set) as the bf16 hi /
-// lo operand of the split product: hi = bf16(y), lo = bf16(y - hi).
-__device__ __forceinline__ void store_operand(float* out, __nv_bfloat16* hi, __nv_bfloat16* lo, size_t i,
-                                              float y) {
-  if (hi) {
-    const __nv_bfloat16 h = __float2bfloat16(y);
-    hi[i] = h;
-    lo[i] = __float2bfloat16(y - __bfloat162float(h));
-  } else {
-    out[i] = y;
-  }
-}
-
 // Hint: bring the 128-byte line at p into L2 (no register, no fault on a valid address).
 __device__ __forceinline__ void prefetch_l2(const void* p) {
   asm volatile("prefetch.global.L2 [%0];" ::"l"(p));

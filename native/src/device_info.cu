@@ -3,7 +3,6 @@
 #include <cuda_runtime.h>
 
 #include "device_info.h"
-#include "env.h"
 #include "launch.cuh"
 
 #ifndef HEARTH_CUDA_ARCH_LIST
@@ -42,7 +41,6 @@ int device_attribute(cudaDeviceAttr attr, int fallback) {
 }
 
 bool pdl_enabled() {
-  if (env_is("HEARTH_PDL", "0")) return false;
   static const int major = device_attribute(cudaDevAttrComputeCapabilityMajor, 0);  // one GPU
   return major >= 9;
 }

@@ -1,5 +1,6 @@
-// The native engine's environment switches (HEARTH_*), read where each choice is made so one
-// process can compare paths (hearth bench --ab). Host-only.
+// The native engine's one environment switch, HEARTH_CUDA_GRAPHS=0 (decode without CUDA graphs,
+// for bug reports); everything else is chosen from the shape at load or by a load option.
+// Host-only.
 #pragma once
 #include <cstdlib>
 #include <cstring>

@@ -11,7 +11,6 @@
 // of anything an earlier kernel wrote and before its first global write. pdl_launch_dependents()
 // lets the next kernel launch early; it is called right after the wait, so at most two grids
 // overlap. A kernel followed by a library kernel (cuBLASLt) is launched without PDL.
-// HEARTH_PDL=0 turns the attribute off (read per launch, captured into graphs at load).
 #pragma once
 #include <cuda_runtime.h>
 
@@ -33,7 +32,7 @@ __device__ __forceinline__ void pdl_launch_dependents() {
 #endif
 }
 
-// True on compute capability 9.0+ unless HEARTH_PDL=0.
+// True on compute capability 9.0+.
 bool pdl_enabled();
 
 // An attribute of the current device, or `fallback` where the runtime cannot say (no device).

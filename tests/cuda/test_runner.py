@@ -55,34 +55,61 @@ def _assert_pool_full(runner):
     assert mem["kv_blocks_free"] == mem["kv_blocks_total"]
 
 
+def _hf_bf16_logits(path, tokens) -> np.ndarray:
+    """transformers in bf16 on the same checkpoint and tokens: what every peer ships, the bar of the
+    fast precision."""
+    transformers = pytest.importorskip("transformers")
+    hf = transformers.AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.bfloat16).cuda().eval()
+    with torch.no_grad():
+        out = hf(torch.tensor([tokens], device="cuda")).logits[0].float().cpu().numpy()
+    del hf
+    gc.collect()
+    torch.cuda.empty_cache()
+    return out
+
+
+@pytest.mark.parametrize("precision", ["fast", "exact"])
 @pytest.mark.parametrize("shape", SHAPES)
-def test_teacher_forced_logits_match_torch(shape, model_dir, record_property):
-    info = _inspect(model_dir(shape))
+def test_teacher_forced_logits_match_torch(shape, precision, model_dir, record_property):
+    """Teacher-forced logits over 512 tokens against the fp32 reference (the torch backend, fp32
+    compute). fast: against the fp32 KV cache, no further from it than transformers in bf16 on the
+    same checkpoint and tokens, measured here. exact: against the reference over a bf16 KV cache
+    (the engine's own cache format), within 2e-2 and 99 % top-1. Both: prefill + decode rows and
+    the decode rows of a 32-row bucket (the tensor-core product) held to the same bar."""
+    path = model_dir(shape)
+    info = _inspect(path)
     tokens = np.random.default_rng(7).integers(0, info.decoder.vocab_size, 512).tolist()
     ref_runner = _torch_runner(info, kv_dtype="auto")
     ref_fp32_cache = ref_runner.score(tokens)
     # The same loaded weights, now storing K and V in bf16 like the engine (sequences allocated from
     # here on take the runner's kv_dtype): one load of the reference instead of two.
     ref_runner.kv_dtype = torch.bfloat16
-    ref = ref_runner.score(tokens)
+    ref_bf16_cache = ref_runner.score(tokens)
     _free(ref_runner)
-    kv_rel, kv_top1 = _compare(ref, ref_fp32_cache)
-    runner = _cuda_runner(info, max_batch=32)  # room for the batched-decode rows below
+    if precision == "fast":
+        ref = ref_fp32_cache
+        hf_rel, hf_top1 = _compare(_hf_bf16_logits(path, tokens), ref)
+        print(f"\n[{shape}] transformers bf16 vs torch fp32 (fp32 KV): rel error {hf_rel:.3e}, top-1 {hf_top1 * 100:.2f}%")
+        record_property("hf_bf16_rel_error", hf_rel)
+        record_property("hf_bf16_top1", hf_top1)
+
+        def within_bar(rel, top1):
+            return rel <= hf_rel
+    else:
+        ref = ref_bf16_cache
+
+        def within_bar(rel, top1):
+            return rel <= 2e-2 and top1 >= 0.99
+    runner = _cuda_runner(info, max_batch=32, precision=precision)  # room for the batched-decode rows below
     try:
         ours = runner.score(tokens)
         rel, top1 = _compare(ours, ref)
-        rel32, top32 = _compare(ours, ref_fp32_cache)
-        print(f"\n[{shape}] teacher-forced 512 tokens vs torch fp32 compute, bf16 KV (bar): "
-              f"rel error {rel:.3e}, top-1 {top1 * 100:.2f}%")
-        print(f"[{shape}] vs torch fp32 compute, fp32 KV (information): rel error {rel32:.3e}, top-1 {top32 * 100:.2f}%")
-        print(f"[{shape}] torch bf16 KV vs torch fp32 KV (the cache format alone): rel error {kv_rel:.3e}, "
-              f"top-1 {kv_top1 * 100:.2f}%")
+        print(f"\n[{shape} {precision}] teacher-forced 512 tokens vs the reference: rel error {rel:.3e}, "
+              f"top-1 {top1 * 100:.2f}%")
         record_property("rel_error", rel)
         record_property("top1", top1)
-        record_property("rel_error_fp32_kv", rel32)
-        record_property("top1_fp32_kv", top32)
         assert np.isfinite(ours).all()
-        assert rel <= 2e-2 and top1 >= 0.99
+        assert within_bar(rel, top1)
         # prefill + decode reproduce the teacher-forced rows
         seq = runner.allocate_sequence()
         runner.prefill(seq, tokens[:500])
@@ -91,13 +118,12 @@ def test_teacher_forced_logits_match_torch(shape, model_dir, record_property):
             runner.decode([seq], [t])
             rows.append(runner.last_logits()[0])
         rel2, top2 = _compare(np.stack(rows), ref[499:511])
-        print(f"[{shape}] prefill+decode rows vs torch (bf16 KV): rel error {rel2:.3e}, top-1 {top2 * 100:.1f}%")
-        assert rel2 <= 2e-2
+        print(f"[{shape} {precision}] prefill+decode rows: rel error {rel2:.3e}, top-1 {top2 * 100:.1f}%")
+        assert rel2 <= max(2e-2, rel * 2)
         runner.release_sequence(seq)
-        # teacher-forced decode in the bucket of 32 (the GEMM path, HEARTH_DECODE_GEMM as set: stacked by
-        # default; bf16 measured 1.19e-2 / 96.4 % (1B) and 2.6e-2 / 92.5 % (8B) here, so it stays off):
-        # 31 sequences, sequence i prefilled with tokens[:16 i + 1], then 16 decode steps of all 31
-        # together; rows 1..496 against the reference, held to the same bar.
+        # teacher-forced decode in the bucket of 32 (the tensor-core product): 31 sequences,
+        # sequence i prefilled with tokens[:16 i + 1], then 16 decode steps of all 31 together;
+        # rows 1..496 against the reference, held to the same bar.
         seqs = [runner.allocate_sequence() for _ in range(31)]
         for i, sq in enumerate(seqs):
             runner.prefill(sq, tokens[:16 * i + 1])
@@ -106,11 +132,11 @@ def test_teacher_forced_logits_match_torch(shape, model_dir, record_property):
             runner.decode(seqs, [tokens[16 * i + 1 + j] for i in range(31)])
             got[:, j] = runner.last_logits()
         rel3, top3 = _compare(got.reshape(31 * 16, -1), ref[1:497])
-        print(f"[{shape}] teacher-forced decode rows in the bucket of 32 vs torch (bf16 KV): rel error {rel3:.3e}, "
+        print(f"[{shape} {precision}] teacher-forced decode rows in the bucket of 32: rel error {rel3:.3e}, "
               f"top-1 {top3 * 100:.2f}%")
         record_property("rel_error_bucket32", rel3)
         record_property("top1_bucket32", top3)
-        assert rel3 <= 2e-2 and top3 >= 0.99
+        assert within_bar(rel3, top3)
         for sq in seqs:
             runner.release_sequence(sq)
         _assert_pool_full(runner)
@@ -306,14 +332,15 @@ def _greedy_steps(runner, seqs, prompts, steps):
     return [out[s] for s in seqs]
 
 
+@pytest.mark.parametrize("precision", ["fast", "exact"])
 @pytest.mark.parametrize("shape", ["smollm2-135m", "llama3.2-1b"])
-def test_graph_buckets_batched_greedy_equals_alone(shape, model_dir):
+def test_graph_buckets_batched_greedy_equals_alone(shape, precision, model_dir):
     """Decode graphs are captured at load for 1, 2, 4, 8; 5 sequences replay the bucket of 8 (3
     padding rows); each sequence's greedy tokens equal those it produces alone (bucket 1)."""
     info = _inspect(model_dir(shape))
     rng = np.random.default_rng(21)
     prompts = [rng.integers(0, info.decoder.vocab_size, n).tolist() for n in (5, 37, 100, 16, 260)]
-    runner = _cuda_runner(info, max_batch=8)
+    runner = _cuda_runner(info, max_batch=8, precision=precision)
     try:
         assert runner.graph_buckets() == [1, 2, 4, 8]
         alone = []
@@ -334,80 +361,15 @@ def test_graph_buckets_batched_greedy_equals_alone(shape, model_dir):
         _free(runner)
 
 
-def _decode_rows_logits(info, prompts, steps, row_counts, max_batch, prefill_logits=False):
-    """A fresh runner prefills every prompt, then for each step decodes the first n sequences for
-    each n in row_counts; the logits of every call (and of each prefill, if asked) in one array. The
-    pool must be whole again afterwards."""
-    runner = _cuda_runner(info, max_batch=max_batch)
-    try:
-        out = []
-        seqs = [runner.allocate_sequence() for _ in prompts]
-        for s, p in zip(seqs, prompts):
-            runner.prefill(s, p)
-            if prefill_logits:
-                out.append(runner.last_logits())
-        for toks in steps:
-            for rows in row_counts:
-                runner.decode(seqs[:rows], toks[:rows])
-                out.append(runner.last_logits())
-        for s in seqs:
-            runner.release_sequence(s)
-        _assert_pool_full(runner)
-        return np.concatenate(out)
-    finally:
-        _free(runner)
-
-
-@pytest.mark.parametrize("shape", ["smollm2-135m", "qwen3-0.6b", "llama3.2-1b"])
-def test_decode_fast_paths_equal_earlier_kernels(shape, model_dir, monkeypatch):
-    """Programmatic dependent launch, the fused gate/up + SwiGLU GEMV, rope in the qkv GEMV and the
-    decode attention's prefetch and head grouping change no arithmetic: decode logits (graphs, buckets 1 and 4, contexts long enough
-    for several attention pieces) and those of short prompts (<= 8 tokens: the GEMV path) equal
-    those of a runner loaded with HEARTH_PDL=0 HEARTH_GEMV_SWIGLU=0 bit for bit; a missing wait
-    would show here as a difference. RMSNorm inside the GEMVs sums the squares in another order:
-    against HEARTH_GEMV_NORM=0 the logits differ by float rounding, which these random-weight
-    models amplify where it flips a bf16 rounding of a cached K or V (a 6e-6 change in the products
-    moves the 135M's logits by ~1e-3: engine.tools.precision), so the bar is that of the
-    teacher-forced test, halved; a wrong norm would be off by O(1)."""
-    info = _inspect(model_dir(shape))
-    rng = np.random.default_rng(5)
-    prompts = [rng.integers(0, info.decoder.vocab_size, n).tolist() for n in (700, 3, 129, 8)]
-    steps = [rng.integers(0, info.decoder.vocab_size, len(prompts)).tolist() for _ in range(6)]
-
-    def run(**env):
-        for name, value in env.items():
-            monkeypatch.setenv(name, value)
-        return _decode_rows_logits(info, prompts, steps, (4, 1), max_batch=4, prefill_logits=True)  # buckets 4, 1
-
-    fast = run(HEARTH_PDL="1", HEARTH_GEMV_SWIGLU="1", HEARTH_GEMV_NORM="1")
-    earlier = run(HEARTH_PDL="0", HEARTH_GEMV_SWIGLU="0")
-    assert np.array_equal(fast, earlier)
-    # decode attention without rope letting it launch early, without its prefetch, with one head
-    # per block or the query group per block at every bucket: same bits
-    # rope in the qkv GEMV's epilogue or in its own kernel: same bits
-    for env in ({"HEARTH_ATTN_PREFETCH": "1"}, {"HEARTH_ATTN_PREFETCH": "0"}, {"HEARTH_DECODE_ATTN": "per-head"},
-                {"HEARTH_DECODE_ATTN": "grouped"}, {"HEARTH_DECODE_ATTN": "grouped", "HEARTH_ATTN_GROUP_BLOCKS": "1"},
-                {"HEARTH_GEMV_ROPE": "0"}):
-        assert np.array_equal(fast, run(HEARTH_PDL="1", HEARTH_GEMV_SWIGLU="1", **env)), env
-        for name in env:
-            monkeypatch.delenv(name)
-    norm_kernels = run(HEARTH_PDL="1", HEARTH_GEMV_SWIGLU="1", HEARTH_GEMV_NORM="0")
-    rel, top1 = _compare(fast, norm_kernels)
-    print(f"\n[{shape}] RMSNorm in the GEMVs vs the rmsnorm kernels: rel {rel:.2e}, top-1 {top1 * 100:.1f}%")
-    assert rel < 1e-2 and top1 >= 0.95
-
-
-@pytest.mark.parametrize("gemm,bar", [("stacked", 1e-3), ("split", 1e-3), ("bf16", 2e-2)])
-def test_large_bucket_decodes_like_alone(gemm, bar, model_dir, monkeypatch):
-    """20 sequences replay the bucket of 32 (tensor-core GEMM): logits close to each one alone.
-    stacked (the default) and split: activations as bf16 hi + lo (~fp32), one product over [hi; lo]
-    or two; bf16: one product over bf16-rounded activations (HEARTH_DECODE_GEMM=bf16, opt-in), held
-    to the teacher-forced rel bar."""
-    monkeypatch.setenv("HEARTH_DECODE_GEMM", gemm)
+@pytest.mark.parametrize("precision,bar", [("exact", 1e-3), ("fast", 2e-2)])
+def test_large_bucket_decodes_like_alone(precision, bar, model_dir):
+    """20 sequences replay the bucket of 32 (tensor-core product): logits close to each one alone
+    (bucket 1, the GEMV: fp32 arithmetic over the same weights). exact: activations as bf16 hi + lo
+    (~fp32); fast: one fp16 product, held to the teacher-forced rel bar."""
     info = _inspect(model_dir("smollm2-135m"))
     rng = np.random.default_rng(4)
     prompts = [rng.integers(0, info.decoder.vocab_size, int(n)).tolist() for n in rng.integers(3, 90, 20)]
-    runner = _cuda_runner(info, max_batch=64)
+    runner = _cuda_runner(info, max_batch=64, precision=precision)
     try:
         assert runner.graph_buckets() == [1, 2, 4, 8, 16, 32, 64]
         seqs = [runner.allocate_sequence() for _ in prompts]
@@ -421,8 +383,8 @@ def test_large_bucket_decodes_like_alone(gemm, bar, model_dir, monkeypatch):
             runner.decode([s], [p[-1]])
             alone.append(runner.last_logits()[0])
         rel, top1 = _compare(together, np.stack(alone))
-        print(f"\n[smollm2-135m] bucket 32 ({gemm}) vs bucket 1 logits: rel error {rel:.3e}, top-1 {top1 * 100:.0f}%")
-        assert rel < bar and top1 == 1.0
+        print(f"\n[smollm2-135m] bucket 32 ({precision}) vs bucket 1 logits: rel error {rel:.3e}, top-1 {top1 * 100:.0f}%")
+        assert rel < bar and top1 >= 0.95
         for s in seqs:
             runner.release_sequence(s)
         _assert_pool_full(runner)
@@ -430,72 +392,44 @@ def test_large_bucket_decodes_like_alone(gemm, bar, model_dir, monkeypatch):
         _free(runner)
 
 
-@pytest.mark.parametrize("shape", ["smollm2-135m", "qwen3-0.6b"])
-def test_fused_decode_gemm_neighbours_change_no_bits(shape, model_dir, monkeypatch):
-    """RMSNorm / SwiGLU adding the stacked product's halves and writing the next product's hi / lo
-    operand (the default) give the logits of the separate add-halves and split kernels
-    (HEARTH_DECODE_GEMM_FUSE=0) bit for bit, in buckets 16 and 32 and in the 8-row GEMV bucket
-    (which has no stacked product); Qwen3 adds q / k norms after the qkv product."""
-    info = _inspect(model_dir(shape))
-    rng = np.random.default_rng(6)
-    prompts = [rng.integers(0, info.decoder.vocab_size, int(n)).tolist() for n in rng.integers(3, 300, 20)]
-    steps = [rng.integers(0, info.decoder.vocab_size, len(prompts)).tolist() for _ in range(3)]
-
-    def run(fuse):
-        monkeypatch.setenv("HEARTH_DECODE_GEMM_FUSE", fuse)
-        return _decode_rows_logits(info, prompts, steps, (20, 16, 7), max_batch=32)  # buckets 32, 16, 8
-
-    fused = run("1")
-    assert np.array_equal(fused, run("0"))
-    # the RMSNorm kernel at 1,024 threads per row (opt-in) sums the squares in another order: close
-    monkeypatch.setenv("HEARTH_RMSNORM_THREADS", "1024")
-    rel, top1 = _compare(run("1"), fused)
-    print(f"\n[{shape}] RMSNorm kernel at 1,024 vs 256 threads per row: rel {rel:.2e}, top-1 {top1 * 100:.1f}%")
-    assert rel < 1e-2 and top1 >= 0.95
-
-
-@pytest.mark.parametrize("layout", ["same", "sharded_fp16_fp32"])
-def test_threaded_load_equals_serial_load(layout, model_dir, tmp_path, monkeypatch):
-    """The threaded loader (pread ring, no per-tensor sync; HEARTH_LOAD_THREADS default) places
-    every tensor exactly as the serial path (HEARTH_LOAD_THREADS=1): same logits, bit for bit, also
-    for a checkpoint split over two files with fp16 and fp32 tensors (converted on the GPU)."""
+def test_fp16_and_fp32_shards_load_as_bf16(model_dir, tmp_path):
+    """A checkpoint split over two files with fp16 and fp32 tensors (converted on the GPU as they
+    land) gives the logits of the bf16 original bit for bit (exact precision: the values are
+    bf16-representable, so the conversions are exact)."""
     import json
     import shutil
 
     from safetensors.torch import load_file, save_file
 
     src = model_dir("smollm2-135m")
-    path = src
-    if layout != "same":
-        path = tmp_path / "ckpt"
-        path.mkdir()
-        for f in src.iterdir():
-            if not f.name.endswith(".safetensors") and f.is_file() and f.name != "model.safetensors.index.json":
-                shutil.copy(f, path / f.name)
-        tensors = {}
-        for f in sorted(src.glob("*.safetensors")):
-            tensors.update(load_file(str(f)))
-        names = sorted(tensors)
-        shards = [{}, {}]
-        for i, name in enumerate(names):
-            t = tensors[name]
-            t = t.to(torch.float16) if i % 3 == 0 else t.to(torch.float32) if i % 3 == 1 else t
-            shards[i % 2][name] = t.contiguous()
-        weight_map = {}
-        for j, shard in enumerate(shards):
-            fname = f"model-{j + 1:05d}-of-00002.safetensors"
-            save_file(shard, str(path / fname), metadata={"format": "pt"})
-            weight_map.update({n: fname for n in shard})
-        (path / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
-    info = _inspect(path)
-    tokens = np.random.default_rng(3).integers(0, info.decoder.vocab_size, 200).tolist()
+    path = tmp_path / "ckpt"
+    path.mkdir()
+    for f in src.iterdir():
+        if not f.name.endswith(".safetensors") and f.is_file() and f.name != "model.safetensors.index.json":
+            shutil.copy(f, path / f.name)
+    tensors = {}
+    for f in sorted(src.glob("*.safetensors")):
+        tensors.update(load_file(str(f)))
+    names = sorted(tensors)
+    shards = [{}, {}]
+    for i, name in enumerate(names):
+        t = tensors[name]
+        t = t.to(torch.float16) if i % 3 == 0 else t.to(torch.float32) if i % 3 == 1 else t
+        shards[i % 2][name] = t.contiguous()
+    weight_map = {}
+    for j, shard in enumerate(shards):
+        fname = f"model-{j + 1:05d}-of-00002.safetensors"
+        save_file(shard, str(path / fname), metadata={"format": "pt"})
+        weight_map.update({n: fname for n in shard})
+    (path / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
     out = {}
-    for threads in ("1", ""):
-        monkeypatch.setenv("HEARTH_LOAD_THREADS", threads)
-        runner = _cuda_runner(info, context=256)
+    for name, where in (("bf16", src), ("mixed", path)):
+        info = _inspect(where)
+        tokens = np.random.default_rng(3).integers(0, info.decoder.vocab_size, 200).tolist()
+        runner = _cuda_runner(info, context=256, precision="exact")
         try:
-            out[threads] = runner.score(tokens)
+            out[name] = runner.score(tokens)
         finally:
             _free(runner)
-    assert np.isfinite(out[""]).all()
-    assert np.array_equal(out["1"], out[""])
+    assert np.isfinite(out["mixed"]).all()
+    assert np.array_equal(out["bf16"], out["mixed"])

@@ -18,19 +18,14 @@
 // the chain of dependent memory accesses short: before waiting for the previous kernel (rope), a
 // block reads its row's metadata and block table (written by the host before the step) and
 // prefetches its first piece of K and V into L2 (all written by earlier steps but the newest key,
-// and L2 is coherent with rope's write of that one); K and V loads are issued together.
-// HEARTH_ATTN_PREFETCH (read per launch, so captured into the decode graphs at load): early
-// (default: rope also triggers this launch before its own wait, so the prefetch overlaps the qkv
-// GEMV: 135M batch 1 +6 %, 8B unchanged, bench --ab-each); 1 = prefetch, rope triggers after its
-// wait; 0 = no prefetch before the wait.
-// HEARTH_DECODE_ATTN (read per launch): auto (default, as above); grouped = G heads / kv_heads
-// always (where supported); per-head = G 1 always; two-kernel = the
-// previous round's pair (4 warps, pieces of >= 128 keys, a grid of max_splits pieces, then a merge
-// kernel). Kept to A/B in one process (docs/PERF_NOTES.md).
+// and L2 is coherent with rope's write of that one); rope triggers this launch before its own
+// wait, so the prefetch overlaps the qkv GEMV (135M batch 1 +6 %, 8B unchanged); K and V loads
+// are issued together. The grouped kernel runs at two blocks per SM (8B 64 rows x 144 keys 43.5
+// against 57.3 us at one). The previous two-kernel pair lost its A/B by 8-54 % at batch 64 and
+// was deleted (2026-12-03).
 #include <algorithm>
 
 #include "attention_common.cuh"
-#include "../env.h"
 #include "../launch.cuh"
 
 namespace hearth {
@@ -63,13 +58,13 @@ __device__ __forceinline__ void prefetch_piece(const PagedAttention& p, const in
   }
 }
 
-// kBlocksPerSm 2: registers capped at 128 (value loads in half groups, some spills at head size
-// 128) so two blocks share an SM; 1: up to 255 registers, one block per SM when over 128.
+// kBlocksPerSm 2 (the grouped kernel): registers capped at 128 (value loads in half groups, some
+// spills at head size 128) so two blocks share an SM; 1 (one head per block): up to 255 registers.
 template <int HD, int G, int kBlocksPerSm>
 __global__ void __launch_bounds__(kDecodeWarps * 32, kBlocksPerSm)
 decode_attention_kernel(PagedAttention p, int split_len_arg, int max_splits,
                         float* __restrict__ part_ml, float* __restrict__ part_acc,
-                        int* __restrict__ counters, int prefetch) {
+                        int* __restrict__ counters) {
   // Metadata first: the host wrote it before the step, so it needs no wait.
   const int h0 = blockIdx.x * G, row = blockIdx.y;
   const int kv_len = p.kv_lens[row];
@@ -78,7 +73,7 @@ decode_attention_kernel(PagedAttention p, int split_len_arg, int max_splits,
   if ((int)blockIdx.z >= splits) return;  // reads nothing an earlier kernel wrote, writes nothing
   const int kvh = h0 / (p.heads / p.kv_heads);
   const int32_t* table = p.block_tables + (size_t)p.row_table[row] * p.max_blocks;
-  if (prefetch) {
+  {
     const int start = blockIdx.z * split_len;
     prefetch_piece<HD>(p, table, kvh, start, min(kv_len, start + split_len));
   }
@@ -187,115 +182,19 @@ decode_attention_kernel(PagedAttention p, int split_len_arg, int max_splits,
   }
 }
 
-// ---- the previous round's two-kernel pair (HEARTH_DECODE_ATTN=two-kernel) ----
-namespace two_kernel {
-
-constexpr int kWarps = 4;
-
-__device__ __forceinline__ int row_split_len(int kv_len, int split_len, int max_splits) {
-  if (split_len > 0) return split_len;
-  const int s = ((kv_len + max_splits - 1) / max_splits + 31) / 32 * 32;
-  return max(128, s);
-}
-
-template <int HD>
-__global__ void __launch_bounds__(kWarps * 32)
-split_kernel(PagedAttention p, int split_len, int max_splits, float* __restrict__ part_ml,
-             float* __restrict__ part_acc) {
-  pdl_wait();
-  pdl_launch_dependents();
-  const int h = blockIdx.x, row = blockIdx.y, split = blockIdx.z;
-  const int kv_len = p.kv_lens[row];
-  split_len = row_split_len(kv_len, split_len, max_splits);
-  const int start = split * split_len;
-  if (start >= kv_len) return;
-  const int end = min(kv_len, start + split_len);
-  const int kvh = h / (p.heads / p.kv_heads);
-  const int32_t* table = p.block_tables + (size_t)p.row_table[row] * p.max_blocks;
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  __shared__ float q_smem[HD];
-  __shared__ float m_smem[kWarps], l_smem[kWarps];
-  __shared__ float acc_smem[kWarps][HD];
-  const float* q = p.q + ((size_t)row * p.heads + h) * HD;
-  for (int i = threadIdx.x; i < HD; i += blockDim.x) q_smem[i] = q[i];
-  __syncthreads();
-  SoftmaxState<HD> st;
-  for (int key0 = start + warp * 32; key0 < end; key0 += kWarps * 32)
-    fold_key_chunk<HD>(st, q_smem, table, p.block_size, p.kv_heads, kvh, p.k_cache, p.v_cache,
-                       key0, min(32, end - key0), p.scale);
-  if (lane == 0) {
-    m_smem[warp] = st.m;
-    l_smem[warp] = st.l;
-  }
-#pragma unroll
-  for (int r = 0; r < HD / 32; ++r) acc_smem[warp][lane + 32 * r] = st.acc[r];
-  __syncthreads();
-  float m = -INFINITY;
-  for (int w = 0; w < kWarps; ++w) m = fmaxf(m, m_smem[w]);
-  const size_t part = ((size_t)row * p.heads + h) * max_splits + split;
-  for (int d = threadIdx.x; d < HD; d += blockDim.x) {
-    float a = 0.f;
-    for (int w = 0; w < kWarps; ++w)
-      if (l_smem[w] > 0.f) a += acc_smem[w][d] * expf(m_smem[w] - m);
-    part_acc[part * HD + d] = a;
-  }
-  if (threadIdx.x == 0) {
-    float l = 0.f;
-    for (int w = 0; w < kWarps; ++w)
-      if (l_smem[w] > 0.f) l += l_smem[w] * expf(m_smem[w] - m);
-    part_ml[part * 2] = m;
-    part_ml[part * 2 + 1] = l;
-  }
-}
-
-template <int HD>
-__global__ void merge_kernel(PagedAttention p, int split_len, int max_splits,
-                             const float* __restrict__ part_ml, const float* __restrict__ part_acc) {
-  pdl_wait();
-  pdl_launch_dependents();
-  const int h = blockIdx.x, row = blockIdx.y;
-  const int kv_len = p.kv_lens[row];
-  split_len = row_split_len(kv_len, split_len, max_splits);
-  const int splits = (kv_len + split_len - 1) / split_len;
-  const size_t base = ((size_t)row * p.heads + h) * max_splits;
-  float m = -INFINITY;
-  for (int s = 0; s < splits; ++s) m = fmaxf(m, part_ml[(base + s) * 2]);
-  float l = 0.f;
-  for (int s = 0; s < splits; ++s) l += part_ml[(base + s) * 2 + 1] * expf(part_ml[(base + s) * 2] - m);
-  const float inv = l > 0.f ? 1.f / l : 0.f;
-  float* out = p.out + ((size_t)row * p.heads + h) * HD;
-  for (int d = threadIdx.x; d < HD; d += blockDim.x) {
-    float a = 0.f;
-    for (int s = 0; s < splits; ++s)
-      a += part_acc[(base + s) * HD + d] * expf(part_ml[(base + s) * 2] - m);
-    out[d] = a * inv;
-  }
-}
-
-}  // namespace two_kernel
-
-// HEARTH_ATTN_GROUP_BLOCKS (read per launch): blocks per SM of the grouped kernel, 2 (default:
-// 8B 64 rows x 144 keys 43.5 against 57.3 us; bench --ab-each b64 +6 % 8B, +7 % 1B, +3 % 135M,
-// 2026-12-03) or 1.
-static int decode_attention_group_blocks_per_sm() {
-  return env_is("HEARTH_ATTN_GROUP_BLOCKS", "1") ? 1 : 2;
-}
-
 // The kernel of one head size for a group of 1-4 query heads (2-4 only up to head size 128).
 template <int HD>
 void launch_decode_attention_grouped(int group, dim3 grid, cudaStream_t stream,
                                      const PagedAttention& p, int split_len, int max_splits,
-                                     float* partial_ml, float* partial_acc, int* counters,
-                                     int prefetch) {
+                                     float* partial_ml, float* partial_acc, int* counters) {
   auto launch = [&](auto kernel) {
     launch_pdl(kernel, grid, kDecodeWarps * 32, 0, stream, p, split_len, max_splits, partial_ml,
-               partial_acc, counters, prefetch);
+               partial_acc, counters);
   };
   if constexpr (HD <= 128) {
-    const bool two = decode_attention_group_blocks_per_sm() == 2;
-    if (group == 2) return two ? launch(decode_attention_kernel<HD, 2, 2>) : launch(decode_attention_kernel<HD, 2, 1>);
-    if (group == 3) return two ? launch(decode_attention_kernel<HD, 3, 2>) : launch(decode_attention_kernel<HD, 3, 1>);
-    if (group == 4) return two ? launch(decode_attention_kernel<HD, 4, 2>) : launch(decode_attention_kernel<HD, 4, 1>);
+    if (group == 2) return launch(decode_attention_kernel<HD, 2, 2>);
+    if (group == 3) return launch(decode_attention_kernel<HD, 3, 2>);
+    if (group == 4) return launch(decode_attention_kernel<HD, 4, 2>);
   }
   HEARTH_REQUIRE(group == 1, "decode_attention: unsupported head group");
   launch(decode_attention_kernel<HD, 1, 1>);
@@ -307,18 +206,10 @@ static int sm_count() {
   return sms;
 }
 
-int decode_attention_prefetch() {
-  if (env_is("HEARTH_ATTN_PREFETCH", "0")) return 0;
-  return env_is("HEARTH_ATTN_PREFETCH", "1") ? 1 : 2;
-}
-
-bool decode_attention_two_kernel() { return env_is("HEARTH_DECODE_ATTN", "two-kernel"); }
-
 int decode_attention_group(int rows, int heads, int kv_heads, int head_dim) {
   const int sms = sm_count();
   const int group = heads / kv_heads;
-  if (env_is("HEARTH_DECODE_ATTN", "per-head") || group > kMaxGroup || head_dim > 128) return 1;
-  if (env_is("HEARTH_DECODE_ATTN", "grouped")) return group;
+  if (group > kMaxGroup || head_dim > 128) return 1;
   return (long long)rows * heads >= 2LL * sms ? group : 1;
 }
 
@@ -340,25 +231,12 @@ void launch_decode_attention(const PagedAttention& p, int split_len, int max_spl
                  "decode_attention: split_len must be 0 (per row) or a positive multiple of 32, "
                  "max_splits 1..32");
   if (p.rows == 0) return;
-  if (decode_attention_two_kernel()) {
-    HEARTH_DISPATCH_HEAD_DIM(p.head_dim, {
-      launch_pdl(two_kernel::split_kernel<HD>, dim3(p.heads, p.rows, max_splits),
-                 two_kernel::kWarps * 32, 0, stream, p, split_len, max_splits, partial_ml,
-                 partial_acc);
-      HEARTH_CHECK_LAUNCH("decode_attention two_kernel::split_kernel");
-      launch_pdl(two_kernel::merge_kernel<HD>, dim3(p.heads, p.rows), HD, 0, stream, p, split_len,
-                 max_splits, (const float*)partial_ml, (const float*)partial_acc);
-      HEARTH_CHECK_LAUNCH("decode_attention two_kernel::merge_kernel");
-    });
-    return;
-  }
   const int group = decode_attention_group(p.rows, p.heads, p.kv_heads, p.head_dim);
   const int blocks_x = p.heads / group;
   dim3 grid(blocks_x, p.rows, decode_attention_grid_splits(p.rows, blocks_x, max_splits));
-  const int prefetch = decode_attention_prefetch() ? 1 : 0;
   HEARTH_DISPATCH_HEAD_DIM(p.head_dim, {
     launch_decode_attention_grouped<HD>(group, grid, stream, p, split_len, max_splits, partial_ml,
-                                        partial_acc, counters, prefetch);
+                                        partial_acc, counters);
     HEARTH_CHECK_LAUNCH("decode_attention_kernel");
   });
 }

@@ -1,20 +1,19 @@
 // Causal prefill attention over the paged cache: a chunk of prompt tokens (already written to the
 // cache by rope_kv) each attends to the kv_lens[row] = position + 1 keys before and including it.
-// out = softmax(q k^T * scale) v, fp32 out. Two variants, picked per call by HEARTH_PREFILL_ATTN:
-//  - tc (default): flash-attention-2 on tensor cores (mma.sync m16n8k16 bf16, fp32 accumulate).
+// out = softmax(q k^T * scale) v, fp32 out. The kernel is chosen by head size:
+//  - up to 128: flash-attention-2 on tensor cores (mma.sync m16n8k16 bf16, fp32 accumulate).
 //    One block per (head, 64 query rows), 4 warps of 16 rows; 64-key tiles of K and V gathered
 //    from the paged cache into shared memory with cp.async (two stages); online softmax in fp32
 //    registers; P goes to the second product straight from the score registers. q and P are split
 //    into bf16 hi + lo (two products each), so they keep ~16 bits of mantissa: the result is as
-//    close to fp32 as the scalar kernel (K and V are bf16 in the cache, exact in both).
-//    HEARTH_PREFILL_ATTN=tc1 skips the lo halves (one product each: faster, ~3e-3 relative).
+//    close to fp32 as the scalar kernel (K and V are bf16 in the cache, exact in both). (SPLIT =
+//    false, one bf16 product each, ~3e-3 relative, is the candidate for the fast precision: not
+//    yet measured against the bar, so not instantiated.)
 //    All rows of one call must use one block table (a prompt chunk does).
-//    Head sizes 32, 64, 96, 128; others use the scalar variant.
-//  - scalar: one warp per (query row, head), eight rows per block, all fp32 (the reference path).
+//  - 256: the scalar kernel, one warp per (query row, head), eight rows per block, all fp32.
 #include <algorithm>
 
 #include "attention_common.cuh"
-#include "../env.h"
 
 namespace hearth {
 
@@ -392,35 +391,23 @@ static void launch_tc(const PagedAttention& p, int key_splits, float* part_ml, f
   }
 }
 
-void launch_prefill_attention_tc(const PagedAttention& p, bool split, cudaStream_t stream,
-                                 int key_splits, float* part_ml, float* part_acc) {
+void launch_prefill_attention_tc(const PagedAttention& p, cudaStream_t stream, int key_splits,
+                                 float* part_ml, float* part_acc) {
   check_prefill_args(p);
   if (p.rows == 0) return;
   HEARTH_REQUIRE(key_splits >= 1 && key_splits <= 64, "prefill_attention: key_splits 1..64");
-  if (split) {
-    HEARTH_DISPATCH_HEAD_DIM(p.head_dim, { launch_tc<HD, true>(p, key_splits, part_ml, part_acc, stream); });
-  } else {
-    HEARTH_DISPATCH_HEAD_DIM(p.head_dim, { launch_tc<HD, false>(p, key_splits, part_ml, part_acc, stream); });
-  }
-}
-
-PrefillAttention prefill_attention_variant() {
-  if (env_is("HEARTH_PREFILL_ATTN", "scalar")) return PrefillAttention::Scalar;
-  if (env_is("HEARTH_PREFILL_ATTN", "tc1")) return PrefillAttention::TensorCoreBf16;
-  return PrefillAttention::TensorCoreSplit;
+  HEARTH_DISPATCH_HEAD_DIM(p.head_dim, { launch_tc<HD, true>(p, key_splits, part_ml, part_acc, stream); });
 }
 
 void launch_prefill_attention(const PagedAttention& p, cudaStream_t stream,
                               const PrefillSplitWork* work) {
+  check_prefill_args(p);
+  if (p.rows == 0) return;
   int splits = 1;
   if (work) splits = prefill_key_splits(p.rows, p.heads, p.head_dim, work->max_kv_len, work->part_rows);
   float* ml = splits > 1 ? work->part_ml : nullptr;
   float* acc = splits > 1 ? work->part_acc : nullptr;
-  switch (prefill_attention_variant()) {
-    case PrefillAttention::Scalar: launch_prefill_attention_scalar(p, stream); break;
-    case PrefillAttention::TensorCoreBf16: launch_prefill_attention_tc(p, false, stream, splits, ml, acc); break;
-    default: launch_prefill_attention_tc(p, true, stream, splits, ml, acc); break;
-  }
+  HEARTH_DISPATCH_HEAD_DIM(p.head_dim, { launch_tc<HD, true>(p, splits, ml, acc, stream); });
 }
 
 }  // namespace hearth

@@ -1,13 +1,10 @@
-// Matrix product for many rows (prefill, scoring, decode buckets of 16+): out[m, n] =
-// sum_k x[m, k] * w[n, k], bf16 weights, fp32 activations split into two bf16 operands (hi + lo),
-// fp32 accumulation and output. cuBLASLt does the work; it is loaded with dlopen at first use
-// (libcublasLt.so.13), so the extension imports where the library is absent. Without it a plain
-// shared-memory tiled kernel computes the same product, slower.
-// Two ways to feed hi and lo: two products (hi, then lo accumulated onto it: each weight read
-// twice), or stacked: hi and lo are adjacent in memory, i.e. one [2m, k] operand, so ONE product
-// over 2m rows reads each weight once and a small kernel adds the two halves of its output. For
-// decode (m <= 64) the weights dominate the traffic, so stacking halves it; in prefill the
-// product is compute-bound either way.
+// Matrix product for many rows (prefill, scoring, decode buckets past the GEMV): out[m, n] =
+// sum_k x[m, k] * w[n, k], fp32 accumulation and output, on tensor cores through cuBLASLt. It is
+// loaded with dlopen at first use (libcublasLt.so.13), so the extension imports where the library
+// is absent; without it a plain shared-memory tiled kernel computes the same product, slower.
+// The two precisions (kernels.h): exact = bf16 weights, fp32 activations split into bf16 hi + lo,
+// two products; fast = scaled fp16 weights and activations, one product, the scales undone
+// through cuBLASLt's alpha (powers of two: exact).
 #include <dlfcn.h>
 
 #include <algorithm>
@@ -30,10 +27,15 @@ namespace hearth {
 // ---- fallback: tiled kernel, 64x64 output tile, 4x4 per thread ----
 constexpr int kTile = 64, kTileK = 16;
 
-__global__ void __launch_bounds__(256) gemm_tiled_kernel(const float* __restrict__ x,
-                                                         const bf16* __restrict__ w,
+__device__ __forceinline__ float as_float(float v) { return v; }
+__device__ __forceinline__ float as_float(bf16 v) { return __bfloat162float(v); }
+__device__ __forceinline__ float as_float(f16 v) { return __half2float(v); }
+
+template <typename X, typename W>
+__global__ void __launch_bounds__(256) gemm_tiled_kernel(const X* __restrict__ x,
+                                                         const W* __restrict__ w,
                                                          float* __restrict__ out, int m, int n,
-                                                         int k) {
+                                                         int k, float alpha) {
   __shared__ float xs[kTileK][kTile + 1];
   __shared__ float ws[kTileK][kTile + 1];
   const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
@@ -43,8 +45,8 @@ __global__ void __launch_bounds__(256) gemm_tiled_kernel(const float* __restrict
     for (int i = threadIdx.x; i < kTile * kTileK; i += blockDim.x) {
       const int r = i / kTileK, kk = i % kTileK;
       const int gr = row0 + r, gc = col0 + r, gk = k0 + kk;
-      xs[kk][r] = (gr < m && gk < k) ? x[(size_t)gr * k + gk] : 0.f;
-      ws[kk][r] = (gc < n && gk < k) ? __bfloat162float(w[(size_t)gc * k + gk]) : 0.f;
+      xs[kk][r] = (gr < m && gk < k) ? as_float(x[(size_t)gr * k + gk]) : 0.f;
+      ws[kk][r] = (gc < n && gk < k) ? as_float(w[(size_t)gc * k + gk]) : 0.f;
     }
     __syncthreads();
 #pragma unroll
@@ -66,16 +68,15 @@ __global__ void __launch_bounds__(256) gemm_tiled_kernel(const float* __restrict
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       const int r = row0 + ty * 4 + i, c = col0 + tx * 4 + j;
-      if (r < m && c < n) out[(size_t)r * n + c] = acc[i][j];
+      if (r < m && c < n) out[(size_t)r * n + c] = acc[i][j] * alpha;
     }
 }
 
-void launch_gemm_tiled(const float* x, const bf16* w, float* out, int rows, int n, int k,
-                       cudaStream_t stream) {
-  HEARTH_REQUIRE(rows >= 0 && n > 0 && k > 0, "gemm: bad shape");
-  if (rows == 0) return;
+template <typename X, typename W>
+void launch_tiled(const X* x, const W* w, float* out, int rows, int n, int k, float alpha,
+                  cudaStream_t stream) {
   dim3 grid((n + kTile - 1) / kTile, (rows + kTile - 1) / kTile);
-  gemm_tiled_kernel<<<grid, 256, 0, stream>>>(x, w, out, rows, n, k);
+  gemm_tiled_kernel<X, W><<<grid, 256, 0, stream>>>(x, w, out, rows, n, k, alpha);
   HEARTH_CHECK_LAUNCH("gemm_tiled_kernel");
 }
 
@@ -150,11 +151,12 @@ struct LtPlan {
 };
 
 std::mutex plan_mutex;
-std::map<std::tuple<int, int, int, size_t>, LtPlan> plans;
+std::map<std::tuple<int, int, int, size_t, int>, LtPlan> plans;
 
-const LtPlan& lt_plan(int m, int n, int k, size_t workspace_bytes) {
+// `operand`: the 16-bit type of both inputs (CUDA_R_16BF for exact, CUDA_R_16F for fast).
+const LtPlan& lt_plan(int m, int n, int k, size_t workspace_bytes, cudaDataType_t operand) {
   std::lock_guard<std::mutex> guard(plan_mutex);
-  auto key = std::make_tuple(m, n, k, workspace_bytes);
+  auto key = std::make_tuple(m, n, k, workspace_bytes, (int)operand);
   auto it = plans.find(key);
   if (it != plans.end()) return it->second;
   LtApi& api = lt();
@@ -164,8 +166,8 @@ const LtPlan& lt_plan(int m, int n, int k, size_t workspace_bytes) {
   cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
   check_lt(api.desc_set(plan.desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)), "DescSetAttribute");
   check_lt(api.desc_set(plan.desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)), "DescSetAttribute");
-  check_lt(api.layout_create(&plan.a, CUDA_R_16BF, k, n, k), "MatrixLayoutCreate");
-  check_lt(api.layout_create(&plan.b, CUDA_R_16BF, k, m, k), "MatrixLayoutCreate");
+  check_lt(api.layout_create(&plan.a, operand, k, n, k), "MatrixLayoutCreate");
+  check_lt(api.layout_create(&plan.b, operand, k, m, k), "MatrixLayoutCreate");
   check_lt(api.layout_create(&plan.c, CUDA_R_32F, n, m, n), "MatrixLayoutCreate");
   cublasLtMatmulPreference_t pref = nullptr;
   check_lt(api.pref_create(&pref), "MatmulPreferenceCreate");
@@ -177,7 +179,7 @@ const LtPlan& lt_plan(int m, int n, int k, size_t workspace_bytes) {
                                         pref, 1, &result, &found);
   api.pref_destroy(pref);
   check_lt(status, "MatmulAlgoGetHeuristic");
-  if (found == 0) throw CudaError("cuBLASLt found no algorithm for a bf16 product");
+  if (found == 0) throw CudaError("cuBLASLt found no algorithm for a 16-bit product");
   plan.algo = result.algo;
   plan.workspace = result.workspaceSize;
   return plans.emplace(key, plan).first->second;
@@ -198,54 +200,60 @@ const char* gemm_backend_name() {
   return cublaslt_available() ? "cublasLt" : "tiled";
 }
 
-// out[r, c] = stacked[r, c] + stacked[rows + r, c]: the hi and lo halves of a stacked product.
-__global__ void add_halves_kernel(const float* __restrict__ stacked, float* __restrict__ out,
-                                  int64_t half) {
-  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < half;
-       i += (int64_t)gridDim.x * blockDim.x)
-    out[i] = stacked[i] + stacked[half + i];
+namespace {
+
+void check_gemm_shape(const WeightView& w, int rows, int n, int k, WeightFormat format) {
+  HEARTH_REQUIRE(rows >= 0 && n > 0 && k > 0, "gemm: bad shape");
+  HEARTH_REQUIRE(w.data && w.format == format,
+                 "gemm: the weight format does not match the product's precision");
 }
 
-void launch_gemm(const float* x, const bf16* w, float* out, int rows, int n, int k, bf16* split,
-                 void* workspace, size_t workspace_bytes, cudaStream_t stream,
-                 GemmActivations mode, float* stacked) {
-  HEARTH_REQUIRE(rows >= 0 && n > 0 && k > 0, "gemm: bad shape");
-  HEARTH_REQUIRE(mode != GemmActivations::Stacked || stacked,
-                 "gemm: the stacked product needs its [2 rows, n] output buffer");
-  HEARTH_REQUIRE((x && out) || (mode == GemmActivations::Stacked && cublaslt_available() && split),
-                 "gemm: a split operand or stacked output needs the stacked cuBLASLt product");
+}  // namespace
+
+void launch_gemm_exact(const float* x, const WeightView& w, float* out, int rows, int n, int k,
+                       const GemmWork& work, cudaStream_t stream) {
+  check_gemm_shape(w, rows, n, k, WeightFormat::Bf16);
   if (rows == 0) return;
+  const bf16* wt = static_cast<const bf16*>(w.data);
 #ifdef HEARTH_WITH_CUBLASLT
-  if (cublaslt_available() && split) {
-    if (!workspace) workspace_bytes = 0;
-    bf16* hi = split;
-    bf16* lo = split + (size_t)rows * k;
-    if (x) launch_split_bf16(x, hi, lo, (int64_t)rows * k, stream);
-    const float alpha = 1.f, zero = 0.f, one = 1.f;
-    if (mode == GemmActivations::Stacked) {  // [hi; lo] as one operand of 2 rows
-      const LtPlan& plan = lt_plan(2 * rows, n, k, workspace_bytes);
-      check_lt(lt().matmul(lt().handle, plan.desc, &alpha, w, plan.a, hi, plan.b, &zero, stacked,
-                           plan.c, stacked, plan.c, &plan.algo, workspace, workspace_bytes, stream),
-               "Matmul");
-      if (!out) return;  // the caller's next kernel adds the halves as it reads them
-      const int64_t half = (int64_t)rows * n;
-      const int blocks = (int)std::min<int64_t>((half + 255) / 256, 2048);
-      add_halves_kernel<<<blocks, 256, 0, stream>>>(stacked, out, half);
-      HEARTH_CHECK_LAUNCH("add_halves_kernel");
-      return;
-    }
-    const LtPlan& plan = lt_plan(rows, n, k, workspace_bytes);
-    check_lt(lt().matmul(lt().handle, plan.desc, &alpha, w, plan.a, hi, plan.b, &zero, out, plan.c,
-                         out, plan.c, &plan.algo, workspace, workspace_bytes, stream),
+  if (cublaslt_available() && work.split) {
+    const size_t ws_bytes = work.workspace ? work.workspace_bytes : 0;
+    bf16* hi = work.split;
+    bf16* lo = work.split + (size_t)rows * k;
+    launch_split_bf16(x, hi, lo, (int64_t)rows * k, stream);
+    const float one = 1.f, zero = 0.f;
+    const LtPlan& plan = lt_plan(rows, n, k, ws_bytes, CUDA_R_16BF);
+    check_lt(lt().matmul(lt().handle, plan.desc, &one, wt, plan.a, hi, plan.b, &zero, out, plan.c,
+                         out, plan.c, &plan.algo, work.workspace, ws_bytes, stream),
              "Matmul");
-    if (mode == GemmActivations::Bf16) return;  // hi alone: x rounded to bf16, the weights read once
-    check_lt(lt().matmul(lt().handle, plan.desc, &alpha, w, plan.a, lo, plan.b, &one, out, plan.c,
-                         out, plan.c, &plan.algo, workspace, workspace_bytes, stream),
+    check_lt(lt().matmul(lt().handle, plan.desc, &one, wt, plan.a, lo, plan.b, &one, out, plan.c,
+                         out, plan.c, &plan.algo, work.workspace, ws_bytes, stream),
              "Matmul");
     return;
   }
 #endif
-  launch_gemm_tiled(x, w, out, rows, n, k, stream);
+  launch_tiled(x, wt, out, rows, n, k, 1.f, stream);
+}
+
+void launch_gemm_fast(const Fp16Operand& x, const WeightView& w, float* out, int rows, int n, int k,
+                      const GemmWork& work, cudaStream_t stream) {
+  check_gemm_shape(w, rows, n, k, WeightFormat::Fp16);
+  HEARTH_REQUIRE(x.data, "gemm: the fast product needs its fp16 operand");
+  if (rows == 0) return;
+  const f16* wt = static_cast<const f16*>(w.data);
+  const float alpha = x.scale * w.scale;  // powers of two: undone exactly
+#ifdef HEARTH_WITH_CUBLASLT
+  if (cublaslt_available()) {
+    const size_t ws_bytes = work.workspace ? work.workspace_bytes : 0;
+    const float zero = 0.f;
+    const LtPlan& plan = lt_plan(rows, n, k, ws_bytes, CUDA_R_16F);
+    check_lt(lt().matmul(lt().handle, plan.desc, &alpha, wt, plan.a, x.data, plan.b, &zero, out,
+                         plan.c, out, plan.c, &plan.algo, work.workspace, ws_bytes, stream),
+             "Matmul");
+    return;
+  }
+#endif
+  launch_tiled(x.data, wt, out, rows, n, k, alpha, stream);
 }
 
 }  // namespace hearth

@@ -5,9 +5,12 @@
 // k over up to 8 warps of a block (partial sums combined in shared memory in a fixed order), so a
 // 4096-output projection still fills the GPU. The split depends on (n, k) alone: a row's result is
 // bit-identical whatever the batch size, so batched decoding equals unbatched decoding.
-// At 2-8 rows each warp computes 4 output features per pass (HEARTH_GEMV_FEATURES=1: one, the
-// earlier kernel): an activation chunk read from L1 serves 4 weight rows, so L1 traffic and load
-// issue per weight byte drop 4x (they, not HBM, limited batch 8 to ~20 % of bandwidth).
+// At 2-8 rows each warp computes 4 output features per pass: an activation chunk read from L1
+// serves 4 weight rows, so L1 traffic and load issue per weight byte drop 4x (they, not HBM,
+// limited batch 8 to ~20 % of bandwidth with one feature per pass).
+// Weights are bf16 or fp16 (WeightView): 8 per 16-byte load either way, converted to fp32 in
+// registers; a stored fp16 weight carries the tensor's power-of-two scale, which multiplies each
+// finished sum (exact), so both formats give the fp32 product of the true weights.
 // Launched with PDL (launch.cuh): before waiting for the previous kernel, each lane prefetches its
 // first weight chunks into L2, so the weight stream is already flowing when the activations land.
 // SwiGLU variant (launch_gemv_swiglu): the fused gate/up weight [gate rows; up rows] is walked so
@@ -17,7 +20,6 @@
 // Rope variant (launch_gemv_rope), the same idea for the fused qkv weight: each block computes dim
 // i and dim i + hd/2 of the same heads and stores them rotated (rope.cuh), so the rope kernel and
 // the qkv intermediate go away at <= 4 rows.
-#include <cstdlib>
 #include <type_traits>
 
 #include "rope.cuh"
@@ -48,7 +50,8 @@ constexpr int kGemvRopeMaxRows = 4;
 
 struct GemvParams {
   const float* x;
-  const bf16* w;
+  const void* w;
+  float w_scale;  // true weight = stored * w_scale (a power of two; 1 for bf16)
   float* out;
   int n, k;
   // kModeNorm: x[r] * rsqrt(sum(norm_partials[r, :norm_count]) / k + eps) * norm_weight
@@ -66,17 +69,21 @@ struct GemvParams {
 // activation chunk is loaded once (from L1) and used for the F weight rows. The expression per
 // (feature, row) is the same whatever F and R, so a feature's sum does not depend on either.
 // NORM: the chunk is first normalized as rmsnorm.cu does (x * inv_rms * weight).
-template <int R, int F, bool NORM>
+__device__ __forceinline__ float2 pair_to_float2(const __nv_bfloat162& v) { return __bfloat1622float2(v); }
+__device__ __forceinline__ float2 pair_to_float2(const __half2& v) { return __half22float2(v); }
+
+template <typename W, int R, int F, bool NORM>
 __device__ __forceinline__ void fma8(const uint4 (&raw)[F], const float* __restrict__ x, int k,
                                      int c, float (&acc)[F][R], const bf16* __restrict__ norm_w,
                                      const float* inv_rms) {
+  using Pair = std::conditional_t<std::is_same_v<W, bf16>, __nv_bfloat162, __half2>;
   float wf[F][8];
 #pragma unroll
   for (int f = 0; f < F; ++f) {
-    const __nv_bfloat162* pairs = reinterpret_cast<const __nv_bfloat162*>(&raw[f]);
+    const Pair* pairs = reinterpret_cast<const Pair*>(&raw[f]);
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
-      const float2 v = __bfloat1622float2(pairs[e]);
+      const float2 v = pair_to_float2(pairs[e]);
       wf[f][2 * e] = v.x;
       wf[f][2 * e + 1] = v.y;
     }
@@ -128,7 +135,7 @@ __device__ __forceinline__ int weight_row(int v, int n, int half) {
 // Block: kGemvWarps warps = (kGemvWarps / WPR) groups of F output features x WPR warps along k.
 // Every lane walks the chunks c = begin + lane, + 32, ... in ascending order, whatever F: a
 // feature's partial sums, their warp reduction and the fixed-order k-split sum do not depend on F.
-template <int R, int WPR, int F, int MODE>
+template <typename W, int R, int WPR, int F, int MODE>
 __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(GemvParams prm) {
   constexpr bool SWIGLU = MODE & kModeSwiglu, NORM = MODE & kModeNorm, RESID = MODE & kModeResidual;
   constexpr bool ROPE = MODE & kModeRope, PAIRED = SWIGLU || ROPE;
@@ -149,7 +156,8 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(GemvParams prm) {
 #pragma unroll
   for (int f = 0; f < F; ++f)
     wrow[f] = reinterpret_cast<const uint4*>(
-        prm.w + (size_t)weight_row<MODE, kPerBlock>(min(f0 + f, n - 1), n, prm.rope.head_dim / 2) * k);
+        static_cast<const W*>(prm.w) +
+        (size_t)weight_row<MODE, kPerBlock>(min(f0 + f, n - 1), n, prm.rope.head_dim / 2) * k);
   // Weights never change during a forward pass: start their stream before the previous kernel ends.
 #pragma unroll
   for (int u = 0; u < U; ++u)
@@ -186,13 +194,13 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(GemvParams prm) {
       for (int f = 0; f < F; ++f) raw[u][f] = load_stream(wrow[f] + c + 32 * u);
 #pragma unroll
     for (int u = 0; u < U; ++u)
-      fma8<R, F, NORM>(raw[u], x, k, c + 32 * u, acc, prm.norm_weight, inv_rms);
+      fma8<W, R, F, NORM>(raw[u], x, k, c + 32 * u, acc, prm.norm_weight, inv_rms);
   }
   for (; c < end; c += 32) {
     uint4 raw[F];
 #pragma unroll
     for (int f = 0; f < F; ++f) raw[f] = load_stream(wrow[f] + c);
-    fma8<R, F, NORM>(raw, x, k, c, acc, prm.norm_weight, inv_rms);
+    fma8<W, R, F, NORM>(raw, x, k, c, acc, prm.norm_weight, inv_rms);
   }
 
 #pragma unroll
@@ -204,8 +212,10 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(GemvParams prm) {
   // Residual: each writing lane's sum of squares of its new values, per row.
   float sq[RESID ? R : 1] = {};
   const int local0 = f0 - blockIdx.x * kPerBlock;
-  // The one place a finished product goes.
+  // The one place a finished product goes (scaled back to the true weights here).
+  const float w_scale = prm.w_scale;
   auto emit = [&](int f, int r, float v) {
+    v *= w_scale;
     if constexpr (PAIRED) {
       fused[local0 + f][r] = v;
     } else if constexpr (RESID) {
@@ -284,37 +294,26 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(GemvParams prm) {
   }
 }
 
-template <int R, int F, int MODE>
+template <typename W, int R, int MODE>
 void launch_rows(const GemvParams& prm, int wpr, cudaStream_t stream) {
+  constexpr int F = R == 1 ? 1 : 4;  // gemv_features_per_warp
   const int per_block = kGemvWarps / wpr * F;  // output features per block
   const int blocks = (int)(((size_t)prm.n + per_block - 1) / per_block);
   switch (wpr) {
-    case 1: launch_pdl(gemv_kernel<R, 1, F, MODE>, blocks, kGemvThreads, 0, stream, prm); break;
-    case 2: launch_pdl(gemv_kernel<R, 2, F, MODE>, blocks, kGemvThreads, 0, stream, prm); break;
-    case 4: launch_pdl(gemv_kernel<R, 4, F, MODE>, blocks, kGemvThreads, 0, stream, prm); break;
-    default: launch_pdl(gemv_kernel<R, 8, F, MODE>, blocks, kGemvThreads, 0, stream, prm); break;
+    case 1: launch_pdl(gemv_kernel<W, R, 1, F, MODE>, blocks, kGemvThreads, 0, stream, prm); break;
+    case 2: launch_pdl(gemv_kernel<W, R, 2, F, MODE>, blocks, kGemvThreads, 0, stream, prm); break;
+    case 4: launch_pdl(gemv_kernel<W, R, 4, F, MODE>, blocks, kGemvThreads, 0, stream, prm); break;
+    default: launch_pdl(gemv_kernel<W, R, 8, F, MODE>, blocks, kGemvThreads, 0, stream, prm); break;
   }
 }
 
-template <int R, int MODE>
-void launch_rows(const GemvParams& prm, int wpr, int features, cudaStream_t stream) {
-  if constexpr (R == 1) {
-    launch_rows<1, 1, MODE>(prm, wpr, stream);
-  } else {
-    if (features >= 4)
-      launch_rows<R, 4, MODE>(prm, wpr, stream);
-    else
-      launch_rows<R, 1, MODE>(prm, wpr, stream);
-  }
-}
-
-template <int MODE>
-void launch_mode(const GemvParams& prm, int rows, int wpr, int features, cudaStream_t stream) {
+template <typename W, int MODE>
+void launch_mode(const GemvParams& prm, int rows, int wpr, cudaStream_t stream) {
   // The rope mode runs at <= kGemvRopeMaxRows rows (gemv_rope_supported): no kernels beyond.
   constexpr int kMaxRows = (MODE & kModeRope) ? kGemvRopeMaxRows : kGemvMaxRows;
   auto at = [&](auto r) {
     if constexpr (decltype(r)::value <= kMaxRows)
-      launch_rows<decltype(r)::value, MODE>(prm, wpr, features, stream);
+      launch_rows<W, decltype(r)::value, MODE>(prm, wpr, stream);
   };
   switch (rows) {
     case 1: at(std::integral_constant<int, 1>{}); break;
@@ -328,19 +327,27 @@ void launch_mode(const GemvParams& prm, int rows, int wpr, int features, cudaStr
   }
 }
 
-// The product of one launch, any mode; n is the number of products (2 * inter for SwiGLU).
-void launch_any(const GemvParams& prm, int rows, int mode, cudaStream_t stream) {
+template <typename W>
+void launch_format(const GemvParams& prm, int rows, int mode, cudaStream_t stream) {
   const int wpr = gemv_warps_per_row(prm.n, prm.k);
-  const int features = gemv_features_per_warp(rows);
   switch (mode) {
-    case 0: launch_mode<0>(prm, rows, wpr, features, stream); break;
-    case kModeSwiglu: launch_mode<kModeSwiglu>(prm, rows, wpr, features, stream); break;
-    case kModeNorm: launch_mode<kModeNorm>(prm, rows, wpr, features, stream); break;
-    case kModeNorm | kModeSwiglu: launch_mode<kModeNorm | kModeSwiglu>(prm, rows, wpr, features, stream); break;
-    case kModeResidual: launch_mode<kModeResidual>(prm, rows, wpr, features, stream); break;
-    case kModeNorm | kModeRope: launch_mode<kModeNorm | kModeRope>(prm, rows, wpr, features, stream); break;
+    case 0: launch_mode<W, 0>(prm, rows, wpr, stream); break;
+    case kModeSwiglu: launch_mode<W, kModeSwiglu>(prm, rows, wpr, stream); break;
+    case kModeNorm: launch_mode<W, kModeNorm>(prm, rows, wpr, stream); break;
+    case kModeNorm | kModeSwiglu: launch_mode<W, kModeNorm | kModeSwiglu>(prm, rows, wpr, stream); break;
+    case kModeResidual: launch_mode<W, kModeResidual>(prm, rows, wpr, stream); break;
+    case kModeNorm | kModeRope: launch_mode<W, kModeNorm | kModeRope>(prm, rows, wpr, stream); break;
     default: throw std::invalid_argument("gemv: unsupported combination of fusions");
   }
+}
+
+// The product of one launch, any mode and weight format; n is the number of products (2 * inter
+// for SwiGLU).
+void launch_any(const GemvParams& prm, WeightFormat format, int rows, int mode, cudaStream_t stream) {
+  if (format == WeightFormat::Fp16)
+    launch_format<f16>(prm, rows, mode, stream);
+  else
+    launch_format<bf16>(prm, rows, mode, stream);
   HEARTH_CHECK_LAUNCH("gemv_kernel");
 }
 
@@ -366,29 +373,25 @@ int gemv_warps_per_row(int n, int k) {
   return wpr;
 }
 
-int gemv_features_per_warp(int rows) {
-  if (rows <= 1) return 1;
-  const char* v = std::getenv("HEARTH_GEMV_FEATURES");
-  return (v && std::atoi(v) == 1) ? 1 : 4;
-}
+int gemv_features_per_warp(int rows) { return rows <= 1 ? 1 : 4; }
 
 int gemv_blocks(int rows, int n, int k) {
   const int per_block = kGemvWarps / gemv_warps_per_row(n, k) * gemv_features_per_warp(rows);
   return (n + per_block - 1) / per_block;
 }
 
-void launch_gemv(const float* x, const bf16* w, float* out, int rows, int n, int k,
+void launch_gemv(const float* x, const WeightView& w, float* out, int rows, int n, int k,
                  cudaStream_t stream, const GemvNorm* norm, const GemvResidual* residual) {
   HEARTH_REQUIRE(rows >= 1 && rows <= kGemvMaxRows && n > 0 && k > 0, "gemv: bad shape");
   HEARTH_REQUIRE(k % 8 == 0, "gemv: k must be a multiple of 8");
-  GemvParams prm{x, w, out, n, k, nullptr, nullptr, 0, 0.f, nullptr, {}};
+  GemvParams prm{x, w.data, w.scale, out, n, k, nullptr, nullptr, 0, 0.f, nullptr, {}};
   int mode = with_norm(prm, norm);
   if (residual) {
     HEARTH_REQUIRE(residual->partials && !norm, "gemv: bad residual fusion");
     prm.resid_partials = residual->partials;
     mode |= kModeResidual;
   }
-  launch_any(prm, rows, mode, stream);
+  launch_any(prm, w.format, rows, mode, stream);
 }
 
 // The paired modes (weight_row): each block's features must be whole pairs, n / 2 pairs in all.
@@ -402,12 +405,13 @@ bool gemv_swiglu_supported(int rows, int inter, int k) {
   return pairs_fill_blocks(rows, 2 * inter, k);
 }
 
-void launch_gemv_swiglu(const float* x, const bf16* w_gate_up, float* out, int rows, int inter,
-                        int k, cudaStream_t stream, const GemvNorm* norm) {
+void launch_gemv_swiglu(const float* x, const WeightView& w_gate_up, float* out, int rows,
+                        int inter, int k, cudaStream_t stream, const GemvNorm* norm) {
   HEARTH_REQUIRE(gemv_swiglu_supported(rows, inter, k),
                  "gemv_swiglu: shape not supported (check gemv_swiglu_supported first)");
-  GemvParams prm{x, w_gate_up, out, 2 * inter, k, nullptr, nullptr, 0, 0.f, nullptr, {}};
-  launch_any(prm, rows, kModeSwiglu | with_norm(prm, norm), stream);
+  GemvParams prm{x, w_gate_up.data, w_gate_up.scale, out, 2 * inter, k, nullptr, nullptr, 0, 0.f,
+                 nullptr, {}};
+  launch_any(prm, w_gate_up.format, rows, kModeSwiglu | with_norm(prm, norm), stream);
 }
 
 bool gemv_rope_supported(int rows, int n, int k) {
@@ -415,13 +419,13 @@ bool gemv_rope_supported(int rows, int n, int k) {
   return pairs_fill_blocks(rows, n, k);
 }
 
-void launch_gemv_rope(const float* x, const bf16* w_qkv, int rows, int n, int k,
+void launch_gemv_rope(const float* x, const WeightView& w_qkv, int rows, int n, int k,
                       cudaStream_t stream, const GemvNorm& norm, const RopeTarget& rope) {
   HEARTH_REQUIRE(gemv_rope_supported(rows, n, k) && rope.head_dim % 2 == 0 &&
                      n == (rope.heads + 2 * rope.kv_heads) * rope.head_dim,
                  "gemv_rope: shape not supported (check gemv_rope_supported first)");
-  GemvParams prm{x, w_qkv, nullptr, n, k, nullptr, nullptr, 0, 0.f, nullptr, rope};
-  launch_any(prm, rows, kModeRope | with_norm(prm, &norm), stream);
+  GemvParams prm{x, w_qkv.data, w_qkv.scale, nullptr, n, k, nullptr, nullptr, 0, 0.f, nullptr, rope};
+  launch_any(prm, w_qkv.format, rows, kModeRope | with_norm(prm, &norm), stream);
 }
 
 }  // namespace hearth

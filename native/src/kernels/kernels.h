@@ -3,25 +3,50 @@
 // Layouts are row-major. bf16 = __nv_bfloat16; activations between ops are fp32 unless noted.
 #pragma once
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
 
 namespace hearth {
 using bf16 = __nv_bfloat16;
+using f16 = __half;
 
-// embedding.cu: out[t, :] = float(table[ids[t], :]); with `sum_squares`, also each row's sum of
-// squares at sum_squares[t] (the partials a GemvNorm reads, count 1).
-void launch_embedding(const int32_t* ids, int tokens, const bf16* table, int vocab, int hidden,
+// A projection's weight [n, k] as it lies on the GPU. Bf16: the checkpoint's values (the `exact`
+// precision). Fp16: the values times a per-tensor power of two chosen at load so the largest lands
+// in [2^14, 2^15) (the `fast` precision's operand); `scale` = 2^-e undoes it, exactly, after the
+// product. Formats with block scales (NVFP4) add their own fields here.
+enum class WeightFormat { Bf16, Fp16 };
+struct WeightView {
+  const void* data = nullptr;
+  WeightFormat format = WeightFormat::Bf16;
+  float scale = 1.f;  // true weight = stored * scale
+};
+
+// A 16-bit activation operand of the fast precision: fp16 values [rows, k] = true values / scale /
+// row_scale[r]. `scale` is static (a normalized row is bounded by sqrt(hidden) * max|norm weight|,
+// known at load); `row_scale` (per row, powers of two, or nullptr) comes from a producer that
+// scales each row by its own largest magnitude (SwiGLU), and stays in the product's output rows
+// for the consumer to apply.
+struct Fp16Operand {
+  const f16* data = nullptr;
+  float scale = 1.f;
+  const float* row_scale = nullptr;
+};
+
+// embedding.cu: out[t, :] = float(table[ids[t], :]) * table.scale; with `sum_squares`, also each
+// row's sum of squares at sum_squares[t] (the partials a GemvNorm reads, count 1).
+void launch_embedding(const int32_t* ids, int tokens, const WeightView& table, int vocab, int hidden,
                       float* out, cudaStream_t stream, float* sum_squares = nullptr);
 
-// rmsnorm.cu: residual += delta (when delta != nullptr; + delta_lo too when given: the halves of a
-// stacked product), then out = residual * rsqrt(mean(residual^2) + eps) * weight, per row (fp32),
-// or, with out == nullptr, written as a product's bf16 operand out_hi / out_lo (as launch_split_bf16).
+// rmsnorm.cu: residual += delta (when delta != nullptr; each delta row times delta_row_scale[r]
+// when given: the output rows of a product over a row-scaled operand), then
+// y = residual * rsqrt(mean(residual^2) + eps) * weight per row, written to `out` (fp32) or, with
+// out16 instead, as the fast product's operand fp16(y / out16_scale).
 void launch_rmsnorm_residual(float* residual, const float* delta, const bf16* weight, float* out,
                              int rows, int hidden, float eps, cudaStream_t stream,
-                             const float* delta_lo = nullptr, bf16* out_hi = nullptr,
-                             bf16* out_lo = nullptr);
+                             const float* delta_row_scale = nullptr, f16* out16 = nullptr,
+                             float out16_scale = 1.f);
 
 // bias.cu: x[r, c] += bias[c] for x [rows, cols].
 void launch_add_bias(float* x, const bf16* bias, int rows, int cols, cudaStream_t stream);
@@ -66,29 +91,22 @@ struct PagedAttention {
 // last piece's block in the same kernel. `counters`: rows * heads ints, zero before the first
 // launch; each launch leaves them zero. split_len 0: each row picks its own from its kv_len
 // (max(256, kv_len / max_splits rounded up to 32)); a given split_len times max_splits (<= 32)
-// must cover every row. A block serves decode_attention_group(...) query heads sharing one KV head;
-// decode_attention_grid_splits: the blocks per (row, head group) of a launch.
+// must cover every row. A block serves decode_attention_group(...) query heads sharing one KV head
+// (1 for few rows x heads, the KV head's whole group for many: chosen from the shape);
+// decode_attention_grid_splits: the blocks per (row, head group) of a launch. Each block reads
+// its metadata and prefetches its first piece of K / V into L2 before waiting for rope.
 void launch_decode_attention(const PagedAttention& p, int split_len, int max_splits,
                              float* partial_ml, float* partial_acc, int* counters,
                              cudaStream_t stream);
 int decode_attention_grid_splits(int rows, int heads, int max_splits);
 int decode_attention_group(int rows, int heads, int kv_heads, int head_dim);
-// HEARTH_DECODE_ATTN=two-kernel: the previous round's split + merge pair instead (A/B).
-bool decode_attention_two_kernel();
-// HEARTH_ATTN_PREFETCH: decode attention prefetches its first piece of K / V before waiting for
-// rope, and rope lets it launch before rope's own wait (early = 2, the default); 1 = the prefetch
-// alone; 0 = neither.
-int decode_attention_prefetch();
 
-// attention_prefill.cu: many queries (a prompt chunk) attending causally to the paged cache.
-// launch_prefill_attention picks the variant from HEARTH_PREFILL_ATTN: tc (default: tensor cores,
-// q and P split into bf16 hi + lo), tc1 (tensor cores, bf16 q and P) or scalar (fp32, per row).
-// The tensor-core variants need every row to use row_table[0]'s table (a prompt chunk does).
-enum class PrefillAttention { TensorCoreSplit, TensorCoreBf16, Scalar };
-PrefillAttention prefill_attention_variant();
+// attention_prefill.cu: many queries (a prompt chunk) attending causally to the paged cache, on
+// tensor cores (q and P split into bf16 hi + lo) for head sizes up to 128, in fp32 per row (the
+// scalar kernel) for 256. All rows of one call use row_table[0]'s table (a prompt chunk does).
 // Key split for few query tiles over long history (flash-decoding style): with `work`, the
-// tensor-core variants split the keys over prefill_key_splits(...) blocks per (head, query tile)
-// and merge; partials need splits * rows * heads * (2 + hd) floats (part_rows >= splits * rows).
+// tensor-core kernel splits the keys over prefill_key_splits(...) blocks per (head, query tile)
+// and merges; partials need splits * rows * heads * (2 + hd) floats (part_rows >= splits * rows).
 struct PrefillSplitWork {
   float* part_ml;   // [part_rows, heads, 2]
   float* part_acc;  // [part_rows, heads, hd]
@@ -98,18 +116,21 @@ struct PrefillSplitWork {
 int prefill_key_splits(int rows, int heads, int head_dim, int max_kv_len, int part_rows);
 void launch_prefill_attention(const PagedAttention& p, cudaStream_t stream,
                               const PrefillSplitWork* work = nullptr);
-void launch_prefill_attention_tc(const PagedAttention& p, bool split, cudaStream_t stream,
-                                 int key_splits = 1, float* part_ml = nullptr,
-                                 float* part_acc = nullptr);
+// The fp32 scalar kernel alone, any head size (the kernel tests' second reference), and the
+// tensor-core kernel with a forced key split (kernel tests).
 void launch_prefill_attention_scalar(const PagedAttention& p, cudaStream_t stream);
+void launch_prefill_attention_tc(const PagedAttention& p, cudaStream_t stream, int key_splits = 1,
+                                 float* part_ml = nullptr, float* part_acc = nullptr);
 
-// swiglu.cu: gate_up [rows, 2*inter] (gate first) -> out [rows, inter] = silu(gate) * up; the same
-// two options as launch_rmsnorm_residual (gate_up + gate_up_lo in, out_hi / out_lo out).
+// swiglu.cu: gate_up [rows, 2*inter] (gate first) -> y [rows, inter] = silu(gate) * up, written to
+// `out` (fp32) or, with out16 instead, as the fast product's operand: each row scaled by the power
+// of two that brings its largest |y| into [2^14, 2^15), fp16(y / row_scale[r]), row_scale[r] kept.
 void launch_swiglu(const float* gate_up, float* out, int rows, int inter, cudaStream_t stream,
-                   const float* gate_up_lo = nullptr, bf16* out_hi = nullptr, bf16* out_lo = nullptr);
+                   f16* out16 = nullptr, float* row_scale = nullptr);
 
-// Activations stay fp32 between ops; weights are bf16; products accumulate in fp32.
-// gemv.cu: out [rows, n] fp32 = x [rows, k] fp32 @ w [n, k]^T bf16, rows <= kGemvMaxRows.
+// Activations stay fp32 between ops; products accumulate in fp32.
+// gemv.cu: out [rows, n] fp32 = x [rows, k] fp32 @ w [n, k]^T (bf16 or scaled fp16 weights),
+// rows <= kGemvMaxRows.
 // Optional fusions, so a decode layer needs no RMSNorm kernel:
 //  - norm: x is the residual stream, normalized on the fly as rmsnorm.cu does, its rows' 1 / rms
 //    taken from the sums of squares its producer left in `partials` [rows, count];
@@ -125,13 +146,12 @@ struct GemvNorm {
 struct GemvResidual {
   float* partials;         // [rows, gemv_blocks(rows, n, k)]
 };
-void launch_gemv(const float* x, const bf16* w, float* out, int rows, int n, int k,
+void launch_gemv(const float* x, const WeightView& w, float* out, int rows, int n, int k,
                  cudaStream_t stream, const GemvNorm* norm = nullptr,
                  const GemvResidual* residual = nullptr);
 int gemv_blocks(int rows, int n, int k);  // blocks of one launch: the residual partials per row
 int gemv_warps_per_row(int n, int k);  // the k-split the GEMV uses for this shape (1, 2, 4 or 8)
-// Output features per warp pass: 1 at one row; 4 at 2-8 rows unless HEARTH_GEMV_FEATURES=1.
-int gemv_features_per_warp(int rows);
+int gemv_features_per_warp(int rows);  // output features per warp pass: 1 at one row, 4 at 2-8
 // gemv.cu, SwiGLU epilogue: out [rows, inter] = silu(x @ gate^T) * (x @ up^T) for the fused
 // w_gate_up [2 * inter, k] (gate rows first), each product summed exactly as launch_gemv would.
 // `out` must not alias `x`. Only where gemv_swiglu_supported (block-aligned gate/up pairs).
@@ -141,27 +161,26 @@ bool gemv_swiglu_supported(int rows, int inter, int k);
 // heads and stores them as launch_rope_kv_write would (rope.cuh), each product summed exactly as
 // launch_gemv would. Only where gemv_rope_supported (block-aligned pairs, <= 4 rows).
 bool gemv_rope_supported(int rows, int n, int k);
-void launch_gemv_rope(const float* x, const bf16* w_qkv, int rows, int n, int k,
+void launch_gemv_rope(const float* x, const WeightView& w_qkv, int rows, int n, int k,
                       cudaStream_t stream, const GemvNorm& norm, const RopeTarget& rope);
-void launch_gemv_swiglu(const float* x, const bf16* w_gate_up, float* out, int rows, int inter,
-                        int k, cudaStream_t stream, const GemvNorm* norm = nullptr);
+void launch_gemv_swiglu(const float* x, const WeightView& w_gate_up, float* out, int rows,
+                        int inter, int k, cudaStream_t stream, const GemvNorm* norm = nullptr);
 
-// gemm.cu: the same product for many rows, through cuBLASLt (loaded at first use) on bf16 tensor
-// cores, x split into two bf16 operands x = hi + lo (split: 2*rows*k bf16 of scratch) so the
-// activations keep ~16 bits of mantissa; where the library cannot be loaded, a tiled kernel.
-// Split: two products, hi then lo (each weight read twice). Stacked: one product over the [2 rows,
-// k] operand [hi; lo] into `stacked` [2 rows, n] fp32, then out = top + bottom half (each weight
-// read once, the same two products). Bf16: x rounded to bf16 once, one product (~3 significant
-// digits in the activations, as transformers' bf16 path; misses the accuracy bar on the random
-// 1B / 8B, so only with HEARTH_DECODE_GEMM=bf16: see model.h).
-// Stacked with cuBLASLt only: x == nullptr means `split` already holds [hi; lo] (a fused producer
-// wrote it), out == nullptr leaves the two halves in `stacked` for a consumer that adds them.
-enum class GemmActivations { Split, Stacked, Bf16 };
-void launch_gemm(const float* x, const bf16* w, float* out, int rows, int n, int k, bf16* split,
-                 void* workspace, size_t workspace_bytes, cudaStream_t stream,
-                 GemmActivations mode = GemmActivations::Split, float* stacked = nullptr);
-void launch_gemm_tiled(const float* x, const bf16* w, float* out, int rows, int n, int k,
-                       cudaStream_t stream);
+// gemm.cu: the same product for many rows on tensor cores through cuBLASLt (loaded at first use),
+// fp32 accumulation and output; where the library cannot be loaded, a tiled kernel.
+//  - bf16 weights (exact): x fp32 split into two bf16 operands x = hi + lo (`split`: 2*rows*k bf16
+//    of scratch), two products, so the activations keep ~16 bits of mantissa.
+//  - fp16 weights (fast): one product of the fp16 operand, out = (x16 @ w16^T) * x.scale * w.scale
+//    (row_scale, when the operand has one, stays in the output rows for the consumer).
+struct GemmWork {
+  bf16* split = nullptr;  // [2 * rows, k] for the exact product
+  void* workspace = nullptr;
+  size_t workspace_bytes = 0;
+};
+void launch_gemm_exact(const float* x, const WeightView& w, float* out, int rows, int n, int k,
+                       const GemmWork& work, cudaStream_t stream);
+void launch_gemm_fast(const Fp16Operand& x, const WeightView& w, float* out, int rows, int n, int k,
+                      const GemmWork& work, cudaStream_t stream);
 bool cublaslt_available();      // tries to load libcublasLt once
 const char* gemm_backend_name();
 
@@ -170,6 +189,16 @@ void launch_split_bf16(const float* x, bf16* hi, bf16* lo, int64_t count, cudaSt
 // convert.cu: dst[i] = bf16(src[i]) from fp16 (src_dtype 1) or fp32 (src_dtype 2).
 void launch_convert_to_bf16(const void* src, int src_dtype, bf16* dst, int64_t count,
                             cudaStream_t stream);
+// convert.cu: dst[i] = fp16(src[i] / scale) (an fp32 activation as the fast product's operand).
+void launch_convert_to_f16(const float* src, f16* dst, int64_t count, float scale,
+                           cudaStream_t stream);
+// convert.cu: *amax = max(*amax, max |x[i]|) over bf16 values (*amax zeroed by the caller).
+void launch_amax_bf16(const bf16* x, int64_t count, float* amax, cudaStream_t stream);
+// convert.cu, in place: the bf16 values at `data` become fp16(value / scale) (same 2 bytes each).
+void launch_bf16_to_f16_inplace(void* data, int64_t count, float scale, cudaStream_t stream);
+
+// The power of two s with amax / s in [2^14, 2^15): a scaled fp16 operand's scale (1 for 0).
+float fp16_operand_scale(float amax);
 
 // sampling.cu: one token per row of logits [rows, vocab] after repetition penalty, temperature,
 // top-k, top-p, min-p (engine/sampling.py's order and meaning), drawn with the given uniform.

@@ -7,14 +7,11 @@
 
 namespace hearth {
 
-__global__ void rope_kv_write_kernel(const float* __restrict__ qkv, RopeTarget target,
-                                     int early_trigger) {
-  // early_trigger (HEARTH_ATTN_PREFETCH=early, the default): the next kernel (decode attention)
-  // may launch before this one waits, so its prefetch overlaps the qkv GEMV; it still waits for
-  // this kernel's end.
-  if (early_trigger) pdl_launch_dependents();
+__global__ void rope_kv_write_kernel(const float* __restrict__ qkv, RopeTarget target) {
+  // The next kernel (decode attention) may launch before this one waits, so its prefetch
+  // overlaps the qkv GEMV; it still waits for this kernel's end.
+  pdl_launch_dependents();
   pdl_wait();
-  if (!early_trigger) pdl_launch_dependents();
   const int t = blockIdx.x;
   const int h = blockIdx.y;  // 0..heads-1 query heads, then kv_heads key heads, then kv_heads values
   const int half = target.head_dim >> 1;
@@ -30,8 +27,7 @@ void launch_rope_kv_write(const float* qkv, int tokens, const RopeTarget& target
   if (tokens == 0) return;
   dim3 grid(tokens, heads + 2 * kv_heads);
   const int threads = head_dim / 2 < 128 ? ((head_dim / 2 + 31) / 32) * 32 : 128;
-  launch_pdl(rope_kv_write_kernel, grid, threads, 0, stream, qkv, target,
-             decode_attention_prefetch() == 2 ? 1 : 0);
+  launch_pdl(rope_kv_write_kernel, grid, threads, 0, stream, qkv, target);
   HEARTH_CHECK_LAUNCH("rope_kv_write_kernel");
 }
 

@@ -8,17 +8,24 @@ namespace hearth::checks {
 namespace {
 template <typename T> T* P(uintptr_t p) { return reinterpret_cast<T*>(p); }
 void sync() { HEARTH_CUDA(cudaDeviceSynchronize()); }
+WeightView view(uintptr_t w, bool fp16, float scale) {
+  return WeightView{P<const void>(w), fp16 ? WeightFormat::Fp16 : WeightFormat::Bf16, scale};
+}
 }  // namespace
 
-void embedding(uintptr_t ids, int tokens, uintptr_t table, int vocab, int hidden, uintptr_t out) {
-  launch_embedding(P<const int32_t>(ids), tokens, P<const bf16>(table), vocab, hidden, P<float>(out), 0);
+void embedding(uintptr_t ids, int tokens, uintptr_t table, int vocab, int hidden, uintptr_t out,
+               bool fp16, float scale) {
+  launch_embedding(P<const int32_t>(ids), tokens, view(table, fp16, scale), vocab, hidden,
+                   P<float>(out), 0);
   sync();
 }
 
 void rmsnorm_residual(uintptr_t residual, uintptr_t delta, uintptr_t weight, uintptr_t out,
-                      int rows, int hidden, float eps) {
+                      int rows, int hidden, float eps, uintptr_t delta_row_scale, uintptr_t out16,
+                      float out16_scale) {
   launch_rmsnorm_residual(P<float>(residual), P<const float>(delta), P<const bf16>(weight),
-                          P<float>(out), rows, hidden, eps, 0);
+                          P<float>(out), rows, hidden, eps, 0, P<const float>(delta_row_scale),
+                          P<f16>(out16), out16_scale);
   sync();
 }
 
@@ -56,15 +63,13 @@ void paged_attention(const std::string& mode, uintptr_t q, uintptr_t k_cache, ui
   if (mode == "prefill") {
     launch_prefill_attention(p, 0);
   } else if (mode == "prefill_tc") {
-    launch_prefill_attention_tc(p, true, 0);
-  } else if (mode == "prefill_tc1") {
-    launch_prefill_attention_tc(p, false, 0);
-  } else if (mode == "prefill_tc_ksplit" || mode == "prefill_tc1_ksplit") {
+    launch_prefill_attention_tc(p, 0);
+  } else if (mode == "prefill_tc_ksplit") {
     // split_len here = the number of key splits (forced; the model picks it by prefill_key_splits)
     const int splits = split_len;
     DeviceBuffer ml((size_t)splits * rows * heads * 2 * 4, "prefill partials");
     DeviceBuffer acc((size_t)splits * rows * heads * head_dim * 4, "prefill partials");
-    launch_prefill_attention_tc(p, mode == "prefill_tc_ksplit", 0, splits, ml.as<float>(), acc.as<float>());
+    launch_prefill_attention_tc(p, 0, splits, ml.as<float>(), acc.as<float>());
     sync();
   } else if (mode == "prefill_scalar") {
     launch_prefill_attention_scalar(p, 0);
@@ -81,51 +86,76 @@ void paged_attention(const std::string& mode, uintptr_t q, uintptr_t k_cache, ui
                             counters.as<int>(), 0);
     sync();
   } else {
-    throw std::invalid_argument("paged_attention: mode must be decode, prefill, prefill_tc, prefill_tc1, prefill_tc_ksplit, prefill_tc1_ksplit or prefill_scalar");
+    throw std::invalid_argument("paged_attention: mode must be decode, prefill, prefill_tc, prefill_tc_ksplit or prefill_scalar");
   }
   sync();
 }
 
-void swiglu(uintptr_t gate_up, uintptr_t out, int rows, int inter) {
-  launch_swiglu(P<const float>(gate_up), P<float>(out), rows, inter, 0);
+void swiglu(uintptr_t gate_up, uintptr_t out, int rows, int inter, uintptr_t out16,
+            uintptr_t row_scale) {
+  launch_swiglu(P<const float>(gate_up), P<float>(out), rows, inter, 0, P<f16>(out16),
+                P<float>(row_scale));
   sync();
 }
 
 void gemv_fused(uintptr_t x, uintptr_t w, uintptr_t out, int rows, int n, int k,
                 uintptr_t norm_weight, uintptr_t norm_partials, int norm_count, float eps,
-                uintptr_t residual_partials) {
+                uintptr_t residual_partials, bool fp16, float w_scale) {
   const GemvNorm norm{P<const bf16>(norm_weight), P<const float>(norm_partials), norm_count, eps};
   const GemvResidual residual{P<float>(residual_partials)};
-  launch_gemv(P<const float>(x), P<const bf16>(w), P<float>(out), rows, n, k, 0,
+  launch_gemv(P<const float>(x), view(w, fp16, w_scale), P<float>(out), rows, n, k, 0,
               norm_weight ? &norm : nullptr, residual_partials ? &residual : nullptr);
   sync();
 }
 
 bool gemv_swiglu(uintptr_t x, uintptr_t w_gate_up, uintptr_t out, int rows, int inter, int k) {
   if (!gemv_swiglu_supported(rows, inter, k)) return false;
-  launch_gemv_swiglu(P<const float>(x), P<const bf16>(w_gate_up), P<float>(out), rows, inter, k, 0);
+  launch_gemv_swiglu(P<const float>(x), view(w_gate_up, false, 1.f), P<float>(out), rows, inter, k, 0);
   sync();
   return true;
 }
 
 void matmul(const std::string& path, uintptr_t x, uintptr_t w, uintptr_t out, int rows, int n, int k) {
+  const WeightView wv = view(w, false, 1.f);
   if (path == "gemv") {
-    launch_gemv(P<const float>(x), P<const bf16>(w), P<float>(out), rows, n, k, 0);
-  } else if (path == "gemm" || path == "gemm_bf16" || path == "gemm_stacked") {
-    DeviceBuffer ws(32u << 20, "cuBLASLt workspace");
+    launch_gemv(P<const float>(x), wv, P<float>(out), rows, n, k, 0);
+  } else if (path == "gemm" || path == "tiled") {
+    DeviceBuffer ws(kLtWorkspaceBytes, "cuBLASLt workspace");
     DeviceBuffer split((size_t)rows * k * 2 * 2, "activation split");
-    DeviceBuffer stacked((size_t)2 * rows * n * 4, "stacked product");
-    const GemmActivations mode = path == "gemm_bf16"      ? GemmActivations::Bf16
-                                 : path == "gemm_stacked" ? GemmActivations::Stacked
-                                                          : GemmActivations::Split;
-    launch_gemm(P<const float>(x), P<const bf16>(w), P<float>(out), rows, n, k, split.as<bf16>(),
-                ws.get(), ws.bytes(), 0, mode, stacked.as<float>());
-    sync();
-  } else if (path == "tiled") {
-    launch_gemm_tiled(P<const float>(x), P<const bf16>(w), P<float>(out), rows, n, k, 0);
+    // No split buffer: the tiled kernel.
+    const GemmWork work{path == "gemm" ? split.as<bf16>() : nullptr, ws.get(), ws.bytes()};
+    launch_gemm_exact(P<const float>(x), wv, P<float>(out), rows, n, k, work, 0);
   } else {
-    throw std::invalid_argument("matmul: path must be gemv, gemm, gemm_bf16, gemm_stacked or tiled");
+    throw std::invalid_argument("matmul: path must be gemv, gemm or tiled");
   }
+  sync();
+}
+
+void gemm_fast(uintptr_t x16, float x_scale, uintptr_t w16, float w_scale, uintptr_t out, int rows,
+               int n, int k) {
+  DeviceBuffer ws(kLtWorkspaceBytes, "cuBLASLt workspace");
+  const GemmWork work{nullptr, ws.get(), ws.bytes()};
+  launch_gemm_fast(Fp16Operand{P<const f16>(x16), x_scale, nullptr}, view(w16, true, w_scale),
+                   P<float>(out), rows, n, k, work, 0);
+  sync();
+}
+
+void convert_to_f16(uintptr_t src, uintptr_t dst, int64_t count, float scale) {
+  launch_convert_to_f16(P<const float>(src), P<f16>(dst), count, scale, 0);
+  sync();
+}
+
+float amax_bf16(uintptr_t x, int64_t count) {
+  DeviceBuffer d(4, "amax");
+  HEARTH_CUDA(cudaMemset(d.get(), 0, 4));
+  launch_amax_bf16(P<const bf16>(x), count, d.as<float>(), 0);
+  float out = 0.f;
+  HEARTH_CUDA(cudaMemcpy(&out, d.get(), 4, cudaMemcpyDeviceToHost));
+  return out;
+}
+
+void bf16_to_f16_inplace(uintptr_t data, int64_t count, float scale) {
+  launch_bf16_to_f16_inplace(P<void>(data), count, scale, 0);
   sync();
 }
 
@@ -148,10 +178,10 @@ double gemv_seconds(uintptr_t x, uintptr_t w, uintptr_t out, int rows, int n, in
   HEARTH_CUDA(cudaEventCreate(&start));
   HEARTH_CUDA(cudaEventCreate(&stop));
   const bf16* base = P<const bf16>(w);
-  launch_gemv(P<const float>(x), base, P<float>(out), rows, n, k, 0);  // warm-up
+  auto at = [&](int i) { return WeightView{base + (size_t)(i % copies) * n * k, WeightFormat::Bf16, 1.f}; };
+  launch_gemv(P<const float>(x), at(0), P<float>(out), rows, n, k, 0);  // warm-up
   HEARTH_CUDA(cudaEventRecord(start, 0));
-  for (int i = 0; i < reps; ++i)
-    launch_gemv(P<const float>(x), base + (size_t)(i % copies) * n * k, P<float>(out), rows, n, k, 0);
+  for (int i = 0; i < reps; ++i) launch_gemv(P<const float>(x), at(i), P<float>(out), rows, n, k, 0);
   HEARTH_CUDA(cudaEventRecord(stop, 0));
   HEARTH_CUDA(cudaEventSynchronize(stop));
   float ms = 0.f;

@@ -9,9 +9,13 @@
 
 namespace hearth::checks {
 
-void embedding(uintptr_t ids, int tokens, uintptr_t table, int vocab, int hidden, uintptr_t out);
+// fp16 / scale: the table or weight in the fast precision's format (kernels.h WeightView).
+void embedding(uintptr_t ids, int tokens, uintptr_t table, int vocab, int hidden, uintptr_t out,
+               bool fp16, float scale);
+// out16 != 0: the fp16 operand output instead of out.
 void rmsnorm_residual(uintptr_t residual, uintptr_t delta, uintptr_t weight, uintptr_t out,
-                      int rows, int hidden, float eps);
+                      int rows, int hidden, float eps, uintptr_t delta_row_scale, uintptr_t out16,
+                      float out16_scale);
 void add_bias(uintptr_t x, uintptr_t bias, int rows, int cols);
 void head_rmsnorm(uintptr_t x, int rows, int row_stride, int col0, int heads, int head_dim,
                   uintptr_t weight, float eps);
@@ -24,11 +28,13 @@ void paged_attention(const std::string& mode, uintptr_t q, uintptr_t k_cache, ui
                      uintptr_t block_tables, uintptr_t row_table, uintptr_t kv_lens, uintptr_t out,
                      int rows, int heads, int kv_heads, int head_dim, int block_size,
                      int max_blocks, float scale, int split_len);
-void swiglu(uintptr_t gate_up, uintptr_t out, int rows, int inter);
+// out16 != 0: the fp16 operand with its row scales instead of out.
+void swiglu(uintptr_t gate_up, uintptr_t out, int rows, int inter, uintptr_t out16,
+            uintptr_t row_scale);
 // The GEMV with its RMSNorm prologue (norm_weight != 0) or residual epilogue (residual_partials != 0).
 void gemv_fused(uintptr_t x, uintptr_t w, uintptr_t out, int rows, int n, int k,
                 uintptr_t norm_weight, uintptr_t norm_partials, int norm_count, float eps,
-                uintptr_t residual_partials);
+                uintptr_t residual_partials, bool fp16, float w_scale);
 // One decode-attention launch on the default stream, no synchronization (timed by the caller);
 // max_splits 32; part_ml / part_acc / counters as launch_decode_attention wants them.
 void decode_attention_launch(uintptr_t q, uintptr_t k_cache, uintptr_t v_cache,
@@ -38,8 +44,14 @@ void decode_attention_launch(uintptr_t q, uintptr_t k_cache, uintptr_t v_cache,
                              uintptr_t part_acc, uintptr_t counters);
 // False (nothing launched) where the fused gate/up + SwiGLU GEMV does not take the shape.
 bool gemv_swiglu(uintptr_t x, uintptr_t w_gate_up, uintptr_t out, int rows, int inter, int k);
-// path "gemv", "gemm" (cuBLASLt when loadable) or "tiled".
+// The exact product over bf16 weights: path "gemv", "gemm" (cuBLASLt when loadable) or "tiled".
 void matmul(const std::string& path, uintptr_t x, uintptr_t w, uintptr_t out, int rows, int n, int k);
+// The fast product: out = (x16 @ w16^T) * x_scale * w_scale.
+void gemm_fast(uintptr_t x16, float x_scale, uintptr_t w16, float w_scale, uintptr_t out, int rows,
+               int n, int k);
+void convert_to_f16(uintptr_t src, uintptr_t dst, int64_t count, float scale);
+float amax_bf16(uintptr_t x, int64_t count);
+void bf16_to_f16_inplace(uintptr_t data, int64_t count, float scale);
 // Seconds per GEMV launch, averaged over `reps` back-to-back launches (CUDA events), cycling over
 // `copies` weight matrices laid end to end at w so the weights come from HBM, not L2.
 double gemv_seconds(uintptr_t x, uintptr_t w, uintptr_t out, int rows, int n, int k, int copies,

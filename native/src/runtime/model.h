@@ -1,44 +1,28 @@
-// One resident decoder model on the GPU: its weights (bf16, q/k/v and gate/up fused), the paged KV
-// cache of every sequence, the workspace of a forward pass, and the device sampler. The Python
-// runner (engine/backends/cuda_native.py) drives it; every method here may block on the GPU and is
-// called with the GIL released.
+// One resident decoder model on the GPU: its weights (q/k/v and gate/up fused, in the precision's
+// format), the paged KV cache of every sequence, the workspace of a forward pass, the decode CUDA
+// graphs and the device sampler. The Python runner (engine/backends/cuda_native.py) drives it;
+// every method here may block on the GPU and is called with the GIL released.
+//
+// Where things are: memory_plan.cpp sizes every buffer (the one plan Python shows before a load);
+// weights.cpp loads checkpoint tensors into their slots and converts them to the resident format;
+// forward.cpp is the layer pipeline (attention block, feed-forward block, projections that pick
+// their kernel by row count); decode_graphs.cpp captures and replays the decode buckets; this
+// file's model.cpp holds the sequence and sampling API.
 #pragma once
 #include <cuda_runtime.h>
 
 #include <cstdint>
 #include <memory>
 #include <string>
-#include <unordered_map>
 #include <vector>
 
 #include "../kernels/kernels.h"
 #include "device_memory.h"
 #include "kv_pool.h"
-#include "read_pool.h"
+#include "memory_plan.h"
+#include "weights.h"
 
 namespace hearth {
-
-struct ModelConfig {
-  int layers = 0, hidden = 0, heads = 0, kv_heads = 0, head_dim = 0, intermediate = 0, vocab = 0;
-  float rms_eps = 1e-6f;
-  double rope_theta = 10000.0;
-  std::string rope_type = "default";  // default | linear | llama3
-  double rope_factor = 1.0, rope_low_freq_factor = 1.0, rope_high_freq_factor = 4.0;
-  int rope_original_max_positions = 8192;
-  bool tied_embeddings = false, qkv_bias = false, qk_norm = false;
-};
-
-struct CacheConfig {
-  int block_size = 16;
-  int block_count = 0;            // 0: sized from free memory
-  int max_sequence_blocks = 0;    // context_length / block_size, rounded up
-  int max_batch = 8;
-  int chunk_tokens = 512;         // prompt tokens per forward pass
-  size_t reserve_bytes = size_t(1) << 30;  // left free for others when sizing from free memory
-};
-
-// Where a checkpoint tensor goes.
-enum class Slot { Embed, FinalNorm, LmHead, AttnNorm, Wqkv, Bqkv, QNorm, KNorm, Wo, MlpNorm, Wgu, Wdown };
 
 struct SampleRequest {
   float temperature = 1.f, top_p = 1.f, min_p = 0.f, repetition_penalty = 1.f;
@@ -51,7 +35,7 @@ struct SampleRequest {
 struct MemoryReport {
   size_t weight_bytes, kv_bytes, workspace_bytes;
   int free_blocks, total_blocks, block_size, sequences;
-  std::string gemm_backend;
+  std::string gemm_backend, precision;
 };
 
 std::vector<float> rope_inv_freq(const ModelConfig& config);  // with linear / Llama-3 scaling
@@ -68,11 +52,13 @@ class Model {
   Model(const Model&) = delete;
   Model& operator=(const Model&) = delete;
 
-  // Copy one checkpoint tensor (memory-mapped file, byte offset and size, dtype 0 bf16 / 1 fp16 /
-  // 2 fp32) into its slot at element offset `elem_offset`, through pinned staging buffers.
+  // Copy one checkpoint tensor (file, byte offset and size, dtype 0 bf16 / 1 fp16 / 2 fp32) into
+  // its slot at element offset `elem_offset`.
   void load_tensor(Slot slot, int layer, const std::string& path, int64_t file_offset,
                    int64_t nbytes, int dtype, int64_t elem_offset, int64_t numel);
-  void finish_load();  // unmaps files, frees staging, synchronizes
+  // Converts the weights to the resident format, frees the staging buffers, captures the decode
+  // graphs (unless HEARTH_CUDA_GRAPHS=0) and synchronizes.
+  void finish_load();
 
   int allocate_sequence();
   void release_sequence(int seq);
@@ -88,8 +74,8 @@ class Model {
   // decode + sample in one call: one graph replay, the sampler, one token id per sequence back.
   std::vector<int32_t> decode_sample(const std::vector<int>& seqs, const std::vector<int32_t>& tokens,
                                      const std::vector<SampleRequest>& rows);
-  // Capture the decode step of every bucket as a CUDA graph and replay each once (warm-up).
-  // Called by finish_load unless HEARTH_CUDA_GRAPHS=0; idempotent.
+  // Capture the decode step of every bucket as a CUDA graph and replay each once (warm-up);
+  // idempotent.
   void capture_decode_graphs();
   std::vector<int> graph_buckets() const;  // the captured bucket sizes
   int logits_rows() const { return logits_rows_; }
@@ -98,9 +84,6 @@ class Model {
   const ModelConfig& config() const { return cfg_; }
 
  private:
-  struct LayerWeights {
-    bf16 *attn_norm, *wqkv, *bqkv, *q_norm, *k_norm, *wo, *mlp_norm, *wgu, *wdown;
-  };
   struct Step {  // one forward pass's token metadata, built on the host
     std::vector<int32_t> ids, positions, slots, kv_lens, row_table, tables;
     int table_stride = 1;
@@ -110,107 +93,73 @@ class Model {
     int rows = 0;
     cudaGraphExec_t exec = nullptr;
   };
-  void plan_memory();
-  bf16* slot_pointer(Slot slot, int layer, int64_t* numel);
+  // forward.cpp: the pipeline.
+  struct Pass;
+  struct Residual;
+  struct Activation;
+  struct RopeEpilogue;
   void forward(const Step& step, bool decode_mode, int logit_first, int logit_count);
   // Copies the step's metadata to meta_ (ids, positions, slots, kv_lens, row_table: T each, then
   // the tables at row stride table_stride); only the first `step.table_stride` ints of each table
   // row travel when `device_stride` is larger.
   void upload_meta(const Step& step, int device_stride);
   // The kernels of one forward pass over T rows whose metadata is in meta_ (graph-capturable:
-  // no host synchronization, no allocation). split_len 0 in decode mode: per row, on the device.
+  // no host synchronization, no allocation).
   void run_layers(int T, int table_stride, bool decode_mode, int logit_first, int logit_count);
+  void attention_block(const Pass& pass, Residual& res, int layer);
+  void feed_forward_block(const Pass& pass, Residual& res, int layer);
+  // A projection of the normalized residual stream (the norm prologue); rows [row0, row0 + rows).
+  // `rope` (qkv): bias, q/k norms and rope + KV write follow; `swiglu` (gate/up): the result is
+  // the SwiGLU activation, returned as the next projection's input.
+  Activation project_normed(const Pass& pass, Residual& res, const bf16* norm_weight,
+                            float norm_scale, const Linear& proj, float* out, int row0, int rows,
+                            const RopeEpilogue* rope, bool swiglu);
+  // A projection whose output is added into the residual stream (o, down).
+  void project_into_residual(const Pass& pass, Residual& res, const Linear& proj,
+                             const Activation& in);
+
+  void allocate();  // the plan's buffers and the workspace views
+
+  // decode_graphs.cpp
   Step decode_step(const std::vector<int>& seqs, const std::vector<int32_t>& tokens, int rows);
   int bucket_for(int rows) const;
-  void matmul(const float* x, const bf16* w, float* out, int rows, int n, int k);
   void check_tokens(const std::vector<int32_t>& tokens) const;
 
   ModelConfig cfg_;
   CacheConfig cache_;
+  MemoryPlan plan_;
   int q_size_, kv_size_, qkv_size_, chunk_;
+  int part_rows_ = 0;  // (row x split) pairs the attention partial buffers hold
   static constexpr int kMaxSplits = 32;
-  // Decode steps of more than kGemvMaxRows rows (HEARTH_DECODE_GEMM, read at construction; graphs
-  // capture the choice): stacked (default: hi and lo as one [2 rows, k] operand, each weight read
-  // once, the same arithmetic as split), split (two products, each weight read twice), or bf16
-  // (one product over bf16-rounded activations: 8B b64 4,556 -> 6,907 tok/s, but the 1B / 8B
-  // teacher-forced bucket-32 rows miss the bar: 96.4 % top-1 / 2.6e-2).
-  GemmActivations decode_gemm_ = GemmActivations::Stacked;
-  float* stacked_ = nullptr;     // [2 * max_batch, widest n] fp32, where max_batch > kGemvMaxRows
-  float* norm_parts_ = nullptr;  // [kGemvNormMaxRows, <= hidden] sums of squares of residual rows
-  bool in_decode_ = false;
-  // Gate/up GEMV with the SwiGLU epilogue at <= kGemvMaxRows rows (HEARTH_GEMV_SWIGLU=0: the
-  // GEMV, then the swiglu kernel). Read at construction; graphs capture the choice.
-  bool gemv_swiglu_ = true;
-  // RMSNorm fused into the GEMVs at <= kGemvNormMaxRows rows (HEARTH_GEMV_NORM=0: the rmsnorm
-  // kernels). At 8 rows the norm prologue cost the 135M 17 % of its b8 decode (bench --ab-each,
-  // 2026-12-03; 8B unchanged), so 8-row steps use the norm kernels.
+  // Up to kGemvNormMaxRows rows RMSNorm lives in the GEMVs (o / down add into the residual stream
+  // and leave its sums of squares; qkv / gate-up / lm_head normalize on the fly) and rope in the
+  // qkv GEMV. At 8 rows the norm prologue cost the 135M 17 % of its b8 decode, so 5-8 rows use the
+  // RMSNorm kernel and plain GEMVs; more rows the tensor-core product.
   static constexpr int kGemvNormMaxRows = 4;
-  bool gemv_norm_ = true;
-  // Stacked decode GEMM steps without the add-halves and split kernels: RMSNorm adds the halves of
-  // the o / down products as it reads them and writes the next product's bf16 hi / lo operand,
-  // SwiGLU likewise between gate/up and down (HEARTH_DECODE_GEMM_FUSE=0: separate kernels; read
-  // at construction). The same bits either way.
-  bool gemm_fuse_ = true;
-  // Rope and the KV write in the qkv GEMV's epilogue where it normalizes (<= kGemvNormMaxRows
-  // rows) and the model has no qkv bias or q / k norm (HEARTH_GEMV_ROPE=0: the rope kernel; read
-  // at construction). The same bits either way.
-  bool gemv_rope_ = true;
-  // Prefill attention key split (flash-decoding style) for few query tiles over long history:
-  // HEARTH_PREFILL_KSPLIT=0 turns it off (read per prefill forward). Partials share part_ml_ /
-  // part_acc_ with decode.
-  bool prefill_ksplit_ = true;
-  int part_rows_ = 0;  // (row x split) pairs the partial buffers hold
   int step_max_kv_ = 0;  // the forward pass's largest kv_len (host side)
   cudaStream_t stream_ = nullptr;
   cudaEvent_t meta_done_ = nullptr;
 
-  DeviceBuffer weights_, kv_, workspace_, history_;
+  DeviceBuffer kv_, workspace_, history_;
+  ModelWeights weights_;
+  std::unique_ptr<WeightLoader> loader_;
   std::unique_ptr<KvPool> pool_;
   int dummy_block_ = 0;  // one KV block past the pool: padded decode rows write and read only it
   std::vector<DecodeGraph> graphs_;
-  bf16 *embed_ = nullptr, *final_norm_ = nullptr, *lm_head_ = nullptr;
-  std::vector<LayerWeights> layers_;
   size_t kv_layer_elems_ = 0;  // per layer, per k or v
 
-  // workspace views
+  // workspace views (memory_plan.h lists them)
   float *resid_, *delta_, *qkv_, *q_, *gate_up_, *logits_, *part_ml_, *part_acc_, *sample_work_,
-      *inv_freq_;
-  float* xn_;
+      *inv_freq_, *xn_, *row_scale_, *norm_parts_;
   bf16* split_;
+  f16* op16_;
   int* attn_counters_;  // decode attention's per (row, head) piece counters, left zero
   int32_t *meta_, *tokens_;
   SampleRow* sample_params_;
   void* lt_workspace_;
-  size_t lt_workspace_bytes_ = 32u << 20;
   size_t meta_ints_ = 0;
   PinnedBuffer meta_host_, token_host_;
   int logits_rows_ = 0;
-
-  // loading
-  struct Mapping {
-    void* data;
-    size_t size;
-  };
-  std::unordered_map<std::string, Mapping> maps_;
-  PinnedBuffer staging_[2];
-  DeviceBuffer scratch_[2];
-  cudaEvent_t staged_[2] = {nullptr, nullptr};
-  size_t staging_bytes_ = 32u << 20;
-  // Threaded loader (HEARTH_LOAD_THREADS, default min(8, cores); 1 = the mmap + memcpy path
-  // above, one sync per tensor): files opened once, chunks pread by a ReadPool into a ring of
-  // pinned buffers, H2D (and fp16/fp32 conversion) queued on stream_, each ring slot reused
-  // after its event; no synchronization before finish_load.
-  static constexpr int kRing = 4;
-  int load_threads_ = 0;  // 0: not decided yet
-  std::unique_ptr<ReadPool> readers_;
-  std::unordered_map<std::string, int> files_;
-  PinnedBuffer ring_[kRing];
-  DeviceBuffer ring_scratch_[kRing];
-  cudaEvent_t ring_done_[kRing] = {};
-  int ring_next_ = 0;
-  void load_tensor_threaded(bf16* dest, const std::string& path, int64_t file_offset,
-                            int64_t nbytes, int dtype, int64_t numel);
-  void release_loader();
 };
 
 }  // namespace hearth

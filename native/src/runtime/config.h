@@ -1,0 +1,35 @@
+// What a model is (ModelConfig: the checkpoint's decoder shape) and how it runs (CacheConfig: KV
+// pool, batch, chunk; Precision). Plain data, filled from Python (bindings.cpp).
+#pragma once
+#include <cstddef>
+#include <string>
+
+namespace hearth {
+
+// How the projections compute (a load option; docs/ARCHITECTURE.md):
+//  - Fast (default): scaled fp16 weights and activations, one tensor-core product per projection,
+//    fp32 accumulation; decode GEMVs compute in fp32 over the fp16 weights.
+//  - Exact: bf16 weights, fp32 activations split into bf16 hi + lo, two products (fp32-accurate
+//    activations; the reference the fast path is measured against).
+enum class Precision { Fast, Exact };
+
+struct ModelConfig {
+  int layers = 0, hidden = 0, heads = 0, kv_heads = 0, head_dim = 0, intermediate = 0, vocab = 0;
+  float rms_eps = 1e-6f;
+  double rope_theta = 10000.0;
+  std::string rope_type = "default";  // default | linear | llama3
+  double rope_factor = 1.0, rope_low_freq_factor = 1.0, rope_high_freq_factor = 4.0;
+  int rope_original_max_positions = 8192;
+  bool tied_embeddings = false, qkv_bias = false, qk_norm = false;
+  Precision precision = Precision::Fast;
+};
+
+struct CacheConfig {
+  int block_size = 16;
+  int block_count = 0;            // KV blocks of the pool (the memory plan's); 0: one full context per batch row
+  int max_sequence_blocks = 0;    // context_length / block_size, rounded up
+  int max_batch = 8;
+  int chunk_tokens = 512;         // prompt tokens per forward pass
+};
+
+}  // namespace hearth

@@ -1,0 +1,47 @@
+// The memory plan: every byte a resident model allocates on the GPU, computed from its config
+// alone (pure host code, no device needed), before anything is allocated. Model allocates exactly
+// these buffers; Python (engine/plan.py, through engine._native.plan_memory) shows the same plan
+// before a load, so what the user is told is what the load takes.
+#pragma once
+#include <cstddef>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "config.h"
+
+namespace hearth {
+
+// Full-length sessions the KV pool holds when the caller names no block count.
+constexpr int kDefaultResidentSessions = 4;
+// cuBLASLt's workspace (the largest its prefill algorithms ask for).
+constexpr size_t kLtWorkspaceBytes = size_t(32) << 20;
+// What the runtime allocates beyond our buffers at steady state (cuBLASLt handle and plans, graph
+// executables, the sampler history): an estimate until measured per shape.
+constexpr size_t kRuntimeOverheadBytes = size_t(48) << 20;
+
+// Elements (2 bytes each) of the resident weights, as ModelWeights lays them out.
+size_t weight_elements(const ModelConfig& config);
+
+struct MemoryPlan {
+  size_t weight_bytes = 0;
+  int kv_blocks = 0;          // the pool's blocks (one more, the padding rows' block, is allocated)
+  size_t kv_block_bytes = 0;  // K and V of block_size tokens over all layers
+  size_t kv_bytes = 0;
+  // The workspace of a forward pass, part by part (name, bytes, each 256-byte aligned), in the
+  // order Model lays them out.
+  std::vector<std::pair<std::string, size_t>> workspace;
+  size_t workspace_bytes = 0;
+  // Allocated outside our buffers: cuBLASLt's handle and plans, the decode graphs' executables,
+  // the sampler's history, the load's staging ring (freed after the load). An estimate,
+  // measured on an H200 (docs/BENCHMARKS.md, "memory plan").
+  size_t runtime_bytes = 0;
+  size_t total_bytes() const { return weight_bytes + kv_bytes + workspace_bytes + runtime_bytes; }
+};
+
+MemoryPlan plan_memory(const ModelConfig& config, const CacheConfig& cache);
+
+// Bytes per workspace part (a view of plan.workspace by name; 0 when absent).
+size_t plan_part(const MemoryPlan& plan, const std::string& name);
+
+}  // namespace hearth
