@@ -394,36 +394,41 @@ def test_large_bucket_decodes_like_alone(precision, bar, model_dir):
 
 def test_fp16_and_fp32_shards_load_as_bf16(model_dir, tmp_path):
     """A checkpoint split over two files with fp16 and fp32 tensors (converted on the GPU as they
-    land) gives the logits of the bf16 original bit for bit (exact precision: the values are
-    bf16-representable, so the conversions are exact)."""
+    land) gives the logits of one bf16 file holding the same values rounded to bf16, bit for bit
+    (exact precision: the loader's conversion is the one rounding)."""
     import json
     import shutil
 
     from safetensors.torch import load_file, save_file
 
     src = model_dir("smollm2-135m")
-    path = tmp_path / "ckpt"
-    path.mkdir()
-    for f in src.iterdir():
-        if not f.name.endswith(".safetensors") and f.is_file() and f.name != "model.safetensors.index.json":
-            shutil.copy(f, path / f.name)
     tensors = {}
     for f in sorted(src.glob("*.safetensors")):
         tensors.update(load_file(str(f)))
     names = sorted(tensors)
+    mixed = {n: (tensors[n].to(torch.float16) if i % 3 == 0 else tensors[n].to(torch.float32) if i % 3 == 1
+                 else tensors[n]).contiguous() for i, n in enumerate(names)}
+    folders = {}
+    for name in ("mixed", "bf16"):
+        path = tmp_path / name
+        path.mkdir()
+        for f in src.iterdir():
+            if not f.name.endswith(".safetensors") and f.is_file() and f.name != "model.safetensors.index.json":
+                shutil.copy(f, path / f.name)
+        folders[name] = path
     shards = [{}, {}]
-    for i, name in enumerate(names):
-        t = tensors[name]
-        t = t.to(torch.float16) if i % 3 == 0 else t.to(torch.float32) if i % 3 == 1 else t
-        shards[i % 2][name] = t.contiguous()
+    for i, n in enumerate(names):
+        shards[i % 2][n] = mixed[n]
     weight_map = {}
     for j, shard in enumerate(shards):
         fname = f"model-{j + 1:05d}-of-00002.safetensors"
-        save_file(shard, str(path / fname), metadata={"format": "pt"})
+        save_file(shard, str(folders["mixed"] / fname), metadata={"format": "pt"})
         weight_map.update({n: fname for n in shard})
-    (path / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    (folders["mixed"] / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    save_file({n: t.to(torch.bfloat16).contiguous() for n, t in mixed.items()},
+              str(folders["bf16"] / "model.safetensors"), metadata={"format": "pt"})
     out = {}
-    for name, where in (("bf16", src), ("mixed", path)):
+    for name, where in folders.items():
         info = _inspect(where)
         tokens = np.random.default_rng(3).integers(0, info.decoder.vocab_size, 200).tolist()
         runner = _cuda_runner(info, context=256, precision="exact")

@@ -26,7 +26,7 @@ struct ModelConfig {
 
 struct CacheConfig {
   int block_size = 16;
-  int block_count = 0;            // KV blocks of the pool (the memory plan's); 0: one full context per batch row
+  int block_count = 0;            // KV blocks of the pool (the engine passes the memory plan's); 0: a full context per batch row
   int max_sequence_blocks = 0;    // context_length / block_size, rounded up
   int max_batch = 8;
   int chunk_tokens = 512;         // prompt tokens per forward pass

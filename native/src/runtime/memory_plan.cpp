@@ -66,7 +66,7 @@ MemoryPlan plan_memory(const ModelConfig& c, const CacheConfig& cache) {
 
   plan.kv_block_bytes = 2 * L * (size_t)cache.block_size * kv * 2;
   plan.kv_blocks = cache.block_count > 0 ? cache.block_count
-                                         : kDefaultResidentSessions * cache.max_sequence_blocks;
+                                         : cache.max_batch * cache.max_sequence_blocks;
   plan.kv_bytes = (size_t)(plan.kv_blocks + 1) * plan.kv_block_bytes;
   plan.runtime_bytes = kRuntimeOverheadBytes;
   return plan;
