@@ -33,6 +33,7 @@ class RunnerOptions:
     # cuda-native: "fast" (scaled fp16 weights and activations, one product per projection) or
     # "exact" (bf16 weights, fp32 activations as two bf16 products). The torch backend ignores it.
     precision: str = "fast"
+    prefill_chunk: int = 512     # cuda-native: prompt tokens per forward pass (the workspace's rows)
 
 
 class ModelRunner(ABC):

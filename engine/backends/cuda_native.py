@@ -118,10 +118,11 @@ def _model_config(info: CheckpointInfo, precision: str = "fast") -> dict:
     return config
 
 
-def _cache_config(context_length: int, block_size: int, max_batch: int, block_count: int) -> dict:
+def _cache_config(context_length: int, block_size: int, max_batch: int, block_count: int,
+                  prefill_chunk: int = 512) -> dict:
     return {"block_size": int(block_size), "block_count": int(block_count),
             "max_sequence_blocks": -(-int(context_length) // int(block_size)),
-            "max_batch": int(max_batch), "chunk_tokens": 512}
+            "max_batch": int(max_batch), "chunk_tokens": int(prefill_chunk)}
 
 
 def memory_plan(info: CheckpointInfo, context_length: int, max_batch: int, sessions: int,
@@ -185,7 +186,7 @@ class CudaRunner(ModelRunner):
                 raise UnsupportedTensorType(f"The cuda-native backend reads bf16, fp16 and fp32 tensors, "
                                             f"not {t.dtype} ({t.name}).")
         cache = _cache_config(options.context_length, options.kv_block_size, options.max_batch,
-                              options.kv_blocks)
+                              options.kv_blocks, options.prefill_chunk)
         _preload_cublaslt()
         total = sum(p[2].bytes for p in placements)
         counter = ByteCounter(progress, LOADING_WEIGHTS, total)

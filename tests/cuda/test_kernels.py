@@ -271,10 +271,11 @@ def _prefill_ref(q, kc, vc, table, start, n, heads, kvh, hd, bs=16):
                                                   (7, 130, 32, 8, 128), (0, 512, 32, 8, 128),
                                                   (4096, 64, 32, 8, 128), (33, 200, 16, 8, 96),
                                                   (5, 77, 8, 8, 32), (1000, 300, 14, 2, 64), (63, 1, 32, 8, 128)])
-def test_prefill_attention_tensor_cores(start, n, heads, kvh, hd):
-    """Flash-attention on tensor cores (q and P as bf16 hi + lo) vs float64, with and without history
-    (second turn), odd lengths, GQA groups 1-7, every row written."""
-    mode, bar = "prefill_tc", 1e-3
+@pytest.mark.parametrize("mode,bar", [("prefill_tc", 1e-3), ("prefill_tc1", 1e-2)])
+def test_prefill_attention_tensor_cores(start, n, heads, kvh, hd, mode, bar):
+    """Flash-attention on tensor cores vs float64 (tc, exact: q and P as bf16 hi + lo; tc1, fast:
+    bf16 only), with and without history (second turn), odd lengths, GQA groups 1-7, every row
+    written."""
     kc, vc, tables, max_blocks = _attention_case([start + n], heads, kvh, hd)
     q = torch.randn(n, heads * hd, device="cuda")
     kv_lens = torch.arange(start + 1, start + n + 1, device="cuda", dtype=torch.int32)
@@ -294,10 +295,10 @@ def test_prefill_attention_tensor_cores(start, n, heads, kvh, hd):
                                                          (0, 37, 9, 3, 64, 4), (63, 1, 32, 8, 128, 2),
                                                          (33, 200, 16, 8, 96, 5), (5, 77, 8, 8, 32, 2),
                                                          (2047, 16, 8, 2, 128, 32)])
-def test_prefill_attention_key_split(start, n, heads, kvh, hd, splits):
+@pytest.mark.parametrize("mode,bar", [("prefill_tc_ksplit", 1e-3), ("prefill_tc1_ksplit", 1e-2)])
+def test_prefill_attention_key_split(start, n, heads, kvh, hd, splits, mode, bar):
     """Keys split over `splits` blocks per (head, query tile), partials merged (second turn over long
     history); splits past the key tiles stay empty (m = -inf) and must not disturb the merge."""
-    mode, bar = "prefill_tc_ksplit", 1e-3
     kc, vc, tables, max_blocks = _attention_case([start + n], heads, kvh, hd)
     q = torch.randn(n, heads * hd, device="cuda")
     kv_lens = torch.arange(start + 1, start + n + 1, device="cuda", dtype=torch.int32)

@@ -6,9 +6,9 @@
 //    from the paged cache into shared memory with cp.async (two stages); online softmax in fp32
 //    registers; P goes to the second product straight from the score registers. q and P are split
 //    into bf16 hi + lo (two products each), so they keep ~16 bits of mantissa: the result is as
-//    close to fp32 as the scalar kernel (K and V are bf16 in the cache, exact in both). (SPLIT =
-//    false, one bf16 product each, ~3e-3 relative, is the candidate for the fast precision: not
-//    yet measured against the bar, so not instantiated.)
+//    close to fp32 as the scalar kernel (K and V are bf16 in the cache, exact in both): the exact
+//    precision's. The fast precision's skips the lo halves (SPLIT = false: one product each,
+//    ~3e-3 relative, the rounding transformers' bf16 attention makes and more).
 //    All rows of one call must use one block table (a prompt chunk does).
 //  - 256: the scalar kernel, one warp per (query row, head), eight rows per block, all fp32.
 #include <algorithm>
@@ -392,22 +392,26 @@ static void launch_tc(const PagedAttention& p, int key_splits, float* part_ml, f
 }
 
 void launch_prefill_attention_tc(const PagedAttention& p, cudaStream_t stream, int key_splits,
-                                 float* part_ml, float* part_acc) {
+                                 float* part_ml, float* part_acc, bool split_products) {
   check_prefill_args(p);
   if (p.rows == 0) return;
   HEARTH_REQUIRE(key_splits >= 1 && key_splits <= 64, "prefill_attention: key_splits 1..64");
-  HEARTH_DISPATCH_HEAD_DIM(p.head_dim, { launch_tc<HD, true>(p, key_splits, part_ml, part_acc, stream); });
+  if (split_products) {
+    HEARTH_DISPATCH_HEAD_DIM(p.head_dim, { launch_tc<HD, true>(p, key_splits, part_ml, part_acc, stream); });
+  } else {
+    HEARTH_DISPATCH_HEAD_DIM(p.head_dim, { launch_tc<HD, false>(p, key_splits, part_ml, part_acc, stream); });
+  }
 }
 
 void launch_prefill_attention(const PagedAttention& p, cudaStream_t stream,
-                              const PrefillSplitWork* work) {
+                              const PrefillSplitWork* work, bool split_products) {
   check_prefill_args(p);
   if (p.rows == 0) return;
   int splits = 1;
   if (work) splits = prefill_key_splits(p.rows, p.heads, p.head_dim, work->max_kv_len, work->part_rows);
   float* ml = splits > 1 ? work->part_ml : nullptr;
   float* acc = splits > 1 ? work->part_acc : nullptr;
-  HEARTH_DISPATCH_HEAD_DIM(p.head_dim, { launch_tc<HD, true>(p, splits, ml, acc, stream); });
+  launch_prefill_attention_tc(p, stream, splits, ml, acc, split_products);
 }
 
 }  // namespace hearth

@@ -102,8 +102,8 @@ int decode_attention_grid_splits(int rows, int heads, int max_splits);
 int decode_attention_group(int rows, int heads, int kv_heads, int head_dim);
 
 // attention_prefill.cu: many queries (a prompt chunk) attending causally to the paged cache, on
-// tensor cores (q and P split into bf16 hi + lo) for head sizes up to 128, in fp32 per row (the
-// scalar kernel) for 256. All rows of one call use row_table[0]'s table (a prompt chunk does).
+// tensor cores for head sizes up to 128 (q and P as bf16 hi + lo for the exact precision, one bf16
+// product each for fast), in fp32 per row (the scalar kernel) for 256. All rows of one call use row_table[0]'s table (a prompt chunk does).
 // Key split for few query tiles over long history (flash-decoding style): with `work`, the
 // tensor-core kernel splits the keys over prefill_key_splits(...) blocks per (head, query tile)
 // and merges; partials need splits * rows * heads * (2 + hd) floats (part_rows >= splits * rows).
@@ -114,13 +114,15 @@ struct PrefillSplitWork {
   int max_kv_len;   // the largest kv_len of the call (host knows it for a prompt chunk)
 };
 int prefill_key_splits(int rows, int heads, int head_dim, int max_kv_len, int part_rows);
+// split_products: q and P as bf16 hi + lo (exact); false: one bf16 product each (fast).
 void launch_prefill_attention(const PagedAttention& p, cudaStream_t stream,
-                              const PrefillSplitWork* work = nullptr);
+                              const PrefillSplitWork* work = nullptr, bool split_products = true);
 // The fp32 scalar kernel alone, any head size (the kernel tests' second reference), and the
 // tensor-core kernel with a forced key split (kernel tests).
 void launch_prefill_attention_scalar(const PagedAttention& p, cudaStream_t stream);
 void launch_prefill_attention_tc(const PagedAttention& p, cudaStream_t stream, int key_splits = 1,
-                                 float* part_ml = nullptr, float* part_acc = nullptr);
+                                 float* part_ml = nullptr, float* part_acc = nullptr,
+                                 bool split_products = true);
 
 // swiglu.cu: gate_up [rows, 2*inter] (gate first) -> y [rows, inter] = silu(gate) * up, written to
 // `out` (fp32) or, with out16 instead, as the fast product's operand: each row scaled by the power

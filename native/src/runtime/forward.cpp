@@ -175,7 +175,7 @@ void Model::attention_block(const Pass& pass, Residual& res, int layer) {
     launch_decode_attention(att, 0, kMaxSplits, part_ml_, part_acc_, attn_counters_, stream_);
   } else {
     const PrefillSplitWork work{part_ml_, part_acc_, part_rows_, step_max_kv_};
-    launch_prefill_attention(att, stream_, step_max_kv_ > 0 ? &work : nullptr);
+    launch_prefill_attention(att, stream_, step_max_kv_ > 0 ? &work : nullptr, !pass.fast);
   }
   project_into_residual(pass, res, lw.o, Activation{xn_, {}});
 }

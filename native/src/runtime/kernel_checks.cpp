@@ -62,14 +62,14 @@ void paged_attention(const std::string& mode, uintptr_t q, uintptr_t k_cache, ui
                    block_size, max_blocks, scale};
   if (mode == "prefill") {
     launch_prefill_attention(p, 0);
-  } else if (mode == "prefill_tc") {
-    launch_prefill_attention_tc(p, 0);
-  } else if (mode == "prefill_tc_ksplit") {
+  } else if (mode == "prefill_tc" || mode == "prefill_tc1") {
+    launch_prefill_attention_tc(p, 0, 1, nullptr, nullptr, mode == "prefill_tc");
+  } else if (mode == "prefill_tc_ksplit" || mode == "prefill_tc1_ksplit") {
     // split_len here = the number of key splits (forced; the model picks it by prefill_key_splits)
     const int splits = split_len;
     DeviceBuffer ml((size_t)splits * rows * heads * 2 * 4, "prefill partials");
     DeviceBuffer acc((size_t)splits * rows * heads * head_dim * 4, "prefill partials");
-    launch_prefill_attention_tc(p, 0, splits, ml.as<float>(), acc.as<float>());
+    launch_prefill_attention_tc(p, 0, splits, ml.as<float>(), acc.as<float>(), mode == "prefill_tc_ksplit");
     sync();
   } else if (mode == "prefill_scalar") {
     launch_prefill_attention_scalar(p, 0);
@@ -86,7 +86,7 @@ void paged_attention(const std::string& mode, uintptr_t q, uintptr_t k_cache, ui
                             counters.as<int>(), 0);
     sync();
   } else {
-    throw std::invalid_argument("paged_attention: mode must be decode, prefill, prefill_tc, prefill_tc_ksplit or prefill_scalar");
+    throw std::invalid_argument("paged_attention: mode must be decode, prefill, prefill_tc(1), prefill_tc(1)_ksplit or prefill_scalar");
   }
   sync();
 }

@@ -49,7 +49,7 @@ MemoryPlan plan_memory(const ModelConfig& c, const CacheConfig& cache) {
   add("qkv", C * qkv * 4);
   add("queries", C * q * 4);
   add("gate_up", C * 2 * I * 4);
-  add("logits", C * V * 4);
+  add("logits", std::max<size_t>(B, std::min<size_t>(C, kScoreChunk)) * V * 4);
   add("attention_partials_ml", part_rows * c.heads * 2 * 4);
   add("attention_partials_acc", part_rows * c.heads * hd * 4);
   add("sampler", B * V * 4);

@@ -12,6 +12,9 @@
 
 namespace hearth {
 
+// Teacher-forced scoring (all logits) runs in chunks of at most this many rows, so the logits
+// buffer stays [512, vocab] whatever the prefill chunk.
+constexpr int kScoreChunk = 512;
 // cuBLASLt's workspace (the largest its prefill algorithms ask for).
 constexpr size_t kLtWorkspaceBytes = size_t(32) << 20;
 // What the runtime allocates beyond our buffers at steady state (cuBLASLt handle and plans, graph

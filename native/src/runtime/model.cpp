@@ -196,8 +196,10 @@ void Model::prefill(int seq, const std::vector<int32_t>& tokens, float* all_logi
   const int total = (int)tokens.size();
   pool_->reserve(seq, start + total);
   try {
-    for (int done = 0; done < total; done += chunk_) {
-      const int n = std::min(chunk_, total - done);
+    // Scoring keeps every row's logits: its chunks fit the logits buffer (kScoreChunk rows).
+    const int chunk = all_logits ? std::min(chunk_, std::max(kScoreChunk, cache_.max_batch)) : chunk_;
+    for (int done = 0; done < total; done += chunk) {
+      const int n = std::min(chunk, total - done);
       Step step;
       const auto& blocks = pool_->blocks(seq);
       step.table_stride = (int)blocks.size();
