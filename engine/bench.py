@@ -226,18 +226,6 @@ def bench_cuda(path: str, tokens: int, bandwidth: float, max_batch: int, precisi
         runner.close()
     if precision == "fast":
         row.update(projection_bound(info))
-        # A/B of the prefill chunk (the workspace's rows): 2,048-token prompts in one pass
-        runner = cuda_native.load_runner(info, info.plan, RunnerOptions(context_length=HISTORY + 1024,
-                                                                         max_batch=max_batch, prefill_chunk=2048))
-        try:
-            prompt = _tokens(2048, info.decoder.vocab_size, 2048)
-            _ttft(runner, prompt)
-            ms = 1e3 * statistics.median(_ttft(runner, prompt) for _ in range(3))
-            row["prefill_2048_chunk2048_tok_s"] = 2048 / (ms / 1e3)
-            row["workspace_chunk2048_gb"] = runner.memory()["workspace_bytes"] / 1e9
-            row["workspace_gb"] = mem["workspace_bytes"] / 1e9
-        finally:
-            runner.close()
     return row
 
 
@@ -313,8 +301,7 @@ def print_table(result: dict) -> None:
             ("prefill 2048 tok/s", "prefill_2048_tok_s", ",.0f"), ("agg b8 tok/s", "agg_decode_b8_tok_s", ",.0f"),
             ("agg b32", "agg_decode_b32_tok_s", ",.0f"), ("agg b64", "agg_decode_b64_tok_s", ",.0f"),
             ("2nd turn / alone", "second_turn_ratio", ".2f"), ("load GB/s", "load_gb_s", ".1f"),
-            ("peak GB", "peak_gpu_gb", ".1f"), ("projections alone 2048 tok/s", "projections_2048_tok_s", ",.0f"),
-            ("prefill 2048, one chunk", "prefill_2048_chunk2048_tok_s", ",.0f")]
+            ("peak GB", "peak_gpu_gb", ".1f"), ("projections alone 2048 tok/s", "projections_2048_tok_s", ",.0f")]
     print("| model | " + " | ".join(c[0] for c in cols) + " |")
     print("|---|" + "---|" * len(cols))
     for r in result["rows"]:

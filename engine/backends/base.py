@@ -33,7 +33,10 @@ class RunnerOptions:
     # cuda-native: "fast" (scaled fp16 weights and activations, one product per projection) or
     # "exact" (bf16 weights, fp32 activations as two bf16 products). The torch backend ignores it.
     precision: str = "fast"
-    prefill_chunk: int = 512     # cuda-native: prompt tokens per forward pass (the workspace's rows)
+    # cuda-native: prompt tokens per forward pass (the workspace's rows). 2,048 against 512 measured
+    # +6 % / +19 % / +51 % prefill of 2,048 tokens (8B / 1B / 135M, H200, 2026-12-03) for +0.42 GB
+    # of workspace on the 8B.
+    prefill_chunk: int = 2048
 
 
 class ModelRunner(ABC):

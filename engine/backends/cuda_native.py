@@ -119,7 +119,7 @@ def _model_config(info: CheckpointInfo, precision: str = "fast") -> dict:
 
 
 def _cache_config(context_length: int, block_size: int, max_batch: int, block_count: int,
-                  prefill_chunk: int = 512) -> dict:
+                  prefill_chunk: int = 2048) -> dict:
     return {"block_size": int(block_size), "block_count": int(block_count),
             "max_sequence_blocks": -(-int(context_length) // int(block_size)),
             "max_batch": int(max_batch), "chunk_tokens": int(prefill_chunk)}

@@ -29,7 +29,7 @@ struct CacheConfig {
   int block_count = 0;            // KV blocks of the pool (the engine passes the memory plan's); 0: a full context per batch row
   int max_sequence_blocks = 0;    // context_length / block_size, rounded up
   int max_batch = 8;
-  int chunk_tokens = 512;         // prompt tokens per forward pass
+  int chunk_tokens = 2048;        // prompt tokens per forward pass
 };
 
 }  // namespace hearth
