@@ -254,3 +254,31 @@ def test_cli_inspect_shows_the_moe_plan(synth, capsys):
     assert data["plan"]["archetype"] == "moe" and data["plan"]["moe_layers"] == 2
     assert data["plan"]["active_parameters"] < data["plan"]["parameters"]
     assert data["decoder"]["moe"]["shared_expert_intermediate_size"] == 96
+
+
+# ------------------------------------------------------------------------------------ through the engine
+
+
+def test_engine_chats_with_an_moe_checkpoint_as_transformers_generates(moe_chat_checkpoint, tmp_path):
+    """Load, chat greedily and continue a session on the torch backend; the reply is transformers' greedy one."""
+    from engine import Engine, Finished, SamplingParams, TextDelta
+
+    eng = Engine(backend="torch", home=tmp_path)
+    handle = eng.load_model(str(moe_chat_checkpoint))
+    assert eng.model_info(handle.id).plan.archetype == "moe"
+    sid = eng.create_session(handle.id)
+    question = [{"role": "user", "content": "What is a mixture of experts?"}]
+    prompt = eng.conversation_tokens(handle.id, question)
+    events = list(eng.chat(sid, question[0]["content"], SamplingParams(temperature=0, max_tokens=12)))
+    assert isinstance(events[-1], Finished)
+    text = "".join(e.text for e in events if isinstance(e, TextDelta))
+    with torch.no_grad():
+        ref = _hf(moe_chat_checkpoint).generate(torch.tensor([prompt]), max_new_tokens=12, do_sample=False,
+                                                min_new_tokens=12)[0, len(prompt):].tolist()
+    stats = events[-1].stats
+    assert stats.prompt_tokens == len(prompt) and stats.generated_tokens >= 1
+    assert text == eng.tokenizer(handle.id).decode(ref[:stats.generated_tokens])
+    # a second turn reuses the cache: only the new message is prefilled
+    second = list(eng.chat(sid, "And why?", SamplingParams(temperature=0, max_tokens=4)))
+    assert 0 < second[-1].stats.prefilled_tokens < second[-1].stats.prompt_tokens
+    eng.unload(handle.id)
