@@ -5,8 +5,8 @@ Four families, checked against transformers 5.24's modeling files (router = `mlp
 - Qwen3-MoE: layer i routes when i is not in `mlp_only_layers` and (i + 1) % `decoder_sparse_step`
   == 0. Softmax over all experts in fp32, top-k, renormalised when `norm_topk_prob`. Experts are
   `moe_intermediate_size` wide.
-- Qwen2-MoE: the same, plus a shared expert (`shared_expert_intermediate_size`) on every routed
-  token of a routed layer, scaled by sigmoid(x · `shared_expert_gate`) [1, H] and added to the experts'.
+- Qwen2-MoE: the same, plus a shared expert (`shared_expert_intermediate_size`) on every token of
+  a routed layer, scaled by sigmoid(x · `shared_expert_gate`) [1, H] and added to the experts'.
 - Mixtral: every layer routes; top-k of the softmax then renormalised (the same as a softmax over
   the k logits). Experts are `intermediate_size` wide. Router `block_sparse_moe.gate`.
 - OLMoE: every layer routes; softmax, top-k, renormalised only when `norm_topk_prob` (off in the
@@ -177,10 +177,10 @@ def route(h, router_weight, top_k: int, normalize: bool):
 
 @dataclass
 class MoeWeights:
-    """One MoE layer's weights, experts stacked along dim 0 (the torch backend's layout)."""
+    """One MoE layer's weights in the fused layout (`moe_slot_shapes`): what transformers 5 holds in
+    memory and what the native MoE block receives."""
     router: object                  # [E, H]
-    gate: object                    # [E, I, H]
-    up: object                      # [E, I, H]
+    gate_up: object                 # [E, 2I, H]: expert e's gate rows, then its up rows
     down: object                    # [E, H, I]
     shared_gate: object = None      # [S, H]
     shared_up: object = None        # [S, H]
@@ -199,11 +199,51 @@ def feed_forward(h, w: MoeWeights, layout: MoeLayout):
     for e in torch.unique(experts).tolist():
         rows, slot = torch.where(experts == e)
         x = h[rows]
-        y = F.linear(F.silu(F.linear(x, w.gate[e])) * F.linear(x, w.up[e]), w.down[e])
+        gate, up = F.linear(x, w.gate_up[e]).chunk(2, dim=-1)
+        y = F.linear(F.silu(gate) * up, w.down[e])
         out.index_add_(0, rows, y * weights[rows, slot, None])
     if w.shared_gate is not None:
         shared = F.linear(F.silu(F.linear(h, w.shared_gate)) * F.linear(h, w.shared_up), w.shared_down)
         if w.shared_expert_router is not None:
             shared = torch.sigmoid(F.linear(h, w.shared_expert_router)) * shared
         out = out + shared
+    return out
+
+
+# ------------------------------------------------------------------------------------ the native block's layout
+
+def moe_slot_shapes(decoder) -> dict:
+    """slot -> shape of each fused per-layer weight a MoE layer needs (row-major, the checkpoint dtype)."""
+    moe = decoder.moe
+    h, i, e, s = decoder.hidden_size, moe.expert_intermediate_size, moe.num_experts, moe.shared_expert_intermediate_size
+    shapes = {"moe_router": (e, h), "moe_gate_up": (e, 2 * i, h), "moe_down": (e, h, i)}
+    if moe.has_shared_expert:
+        shapes.update(moe_shared_gate_up=(2 * s, h), moe_shared_down=(h, s), moe_shared_expert_gate=(1, h))
+    return shapes
+
+
+def moe_placements(decoder, catalog) -> list:
+    """(slot, layer, TensorInfo, element offset) for every MoE-layer tensor, fused slots filled part
+    by part, as `backends/cuda_native._placements` lists the dense ones.
+
+    moe_gate_up [E, 2I, H]: expert e's gate (w1) at e*2I*H, its up (w3) at e*2I*H + I*H, the order
+    transformers 5 concatenates them in. moe_down [E, H, I]: expert e at e*H*I. The shared expert's
+    gate / up fuse like a dense layer's (gate rows first).
+    """
+    moe = decoder.moe
+    h, i, s = decoder.hidden_size, moe.expert_intermediate_size, moe.shared_expert_intermediate_size
+    out = []
+    for n, entry in enumerate(catalog.layers):
+        if not moe.is_moe_layer(n):
+            continue
+        out.append(("moe_router", n, entry.roles["router"], 0))
+        for e in range(moe.num_experts):
+            x = entry.experts[e]
+            out += [("moe_gate_up", n, x["gate"], e * 2 * i * h), ("moe_gate_up", n, x["up"], e * 2 * i * h + i * h),
+                    ("moe_down", n, x["down"], e * h * i)]
+        if moe.has_shared_expert:
+            out += [("moe_shared_gate_up", n, entry.roles["shared_gate"], 0),
+                    ("moe_shared_gate_up", n, entry.roles["shared_up"], s * h),
+                    ("moe_shared_down", n, entry.roles["shared_down"], 0),
+                    ("moe_shared_expert_gate", n, entry.roles["shared_expert_router"], 0)]
     return out

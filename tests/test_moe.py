@@ -207,8 +207,8 @@ def test_routing_reads_only_the_selected_experts_and_weights_them(synth):
 
     torch.manual_seed(0)
     E, H, I, k = 6, 16, 8, 2
-    w = MoeWeights(router=torch.randn(E, H), gate=torch.randn(E, I, H), up=torch.randn(E, I, H),
-                   down=torch.randn(E, H, I))
+    gate, up = torch.randn(E, I, H), torch.randn(E, I, H)
+    w = MoeWeights(router=torch.randn(E, H), gate_up=torch.cat([gate, up], dim=1), down=torch.randn(E, H, I))
     h = torch.randn(5, H)
     layout = inspect(synth("tiny-qwen3-moe")).decoder.moe
     weights, experts = route(h, w.router, k, normalize=True)
@@ -218,7 +218,7 @@ def test_routing_reads_only_the_selected_experts_and_weights_them(synth):
     for r in range(5):
         top = torch.argsort(probs[r], descending=True)[:k]
         for e in top.tolist():
-            y = w.down[e] @ (torch.nn.functional.silu(w.gate[e] @ h[r]) * (w.up[e] @ h[r]))
+            y = w.down[e] @ (torch.nn.functional.silu(gate[e] @ h[r]) * (up[e] @ h[r]))
             expected[r] += probs[r, e] / probs[r, top].sum() * y
     from dataclasses import replace
     got = feed_forward(h, w, replace(layout, num_experts=E, top_k=k))
@@ -226,6 +226,40 @@ def test_routing_reads_only_the_selected_experts_and_weights_them(synth):
     # without renormalisation the weights are the raw softmax probabilities
     raw, _ = route(h, w.router, k, normalize=False)
     assert torch.allclose(raw, torch.sort(probs, descending=True).values[:, :k])
+
+
+@pytest.mark.parametrize("shape", ["tiny-qwen2-moe", "tiny-mixtral"])
+def test_native_block_layout_is_transformers_fused_layout(synth, shape):
+    """moe_placements fills the fused slots with exactly the tensors transformers 5 fuses in memory."""
+    from engine.moe import moe_placements, moe_slot_shapes
+    from engine.weights import TensorReader
+
+    folder = synth(shape, dtype="fp32", seed=5)
+    info = inspect(folder)
+    shapes = moe_slot_shapes(info.decoder)
+    slots: dict = {}
+    with TensorReader(info) as reader:
+        for slot, layer, t, offset in moe_placements(info.decoder, info.catalog):
+            buf = slots.setdefault((slot, layer), np.full(int(np.prod(shapes[slot])), np.nan, dtype=np.float32))
+            part = np.empty(t.numel, dtype=np.float32)
+            reader.read_into(t, memoryview(part))
+            buf[offset:offset + t.numel] = part
+    hf = _hf(folder)
+    layers = [i for i in range(info.decoder.num_layers) if info.decoder.moe.is_moe_layer(i)]
+    assert {layer for _, layer in slots} == set(layers)
+    for i in layers:
+        mlp = hf.model.layers[i].mlp
+        want = {"moe_router": mlp.gate.weight, "moe_gate_up": mlp.experts.gate_up_proj,
+                "moe_down": mlp.experts.down_proj}
+        if info.decoder.moe.has_shared_expert:
+            want.update(moe_shared_gate_up=torch.cat([mlp.shared_expert.gate_proj.weight,
+                                                      mlp.shared_expert.up_proj.weight]),
+                        moe_shared_down=mlp.shared_expert.down_proj.weight,
+                        moe_shared_expert_gate=mlp.shared_expert_gate.weight)
+        assert set(want) == {slot for slot, layer in slots if layer == i}
+        for slot, ref in want.items():
+            assert tuple(ref.shape) == shapes[slot]
+            np.testing.assert_array_equal(slots[(slot, i)].reshape(shapes[slot]), ref.detach().numpy())
 
 
 def test_bfloat16_moe_compute_is_close(synth):

@@ -137,12 +137,14 @@ class TorchRunner(ModelRunner):
             self.lm_head = take(catalog.globals["lm_head"]) if "lm_head" in catalog.globals else self.embed
 
     def _moe_weights(self, entry, take) -> MoeWeights:
-        """The router, the experts stacked [E, ...] in expert order, and the shared expert if any."""
+        """The router, the experts fused and stacked in expert order (gate_up [E, 2I, H], down
+        [E, H, I], as moe.moe_placements lays them out), and the shared expert if any."""
         experts = [entry.experts[e] for e in range(self.decoder.num_experts)]
-        stack = {role: torch.stack([take(x[role]) for x in experts]) for role in ("gate", "up", "down")}
+        gate_up = torch.stack([torch.cat([take(x["gate"]), take(x["up"])]) for x in experts])
+        down = torch.stack([take(x["down"]) for x in experts])
         shared = {role: take(entry.roles[role]) for role in ("shared_gate", "shared_up", "shared_down",
                                                               "shared_expert_router") if role in entry.roles}
-        return MoeWeights(router=take(entry.roles["router"]), **stack, **shared)
+        return MoeWeights(router=take(entry.roles["router"]), gate_up=gate_up, down=down, **shared)
 
     # ----------------------------------------------------------------------------- sequences
     def allocate_sequence(self) -> int:
