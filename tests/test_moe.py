@@ -316,3 +316,14 @@ def test_engine_chats_with_an_moe_checkpoint_as_transformers_generates(moe_chat_
     second = list(eng.chat(sid, "And why?", SamplingParams(temperature=0, max_tokens=4)))
     assert 0 < second[-1].stats.prefilled_tokens < second[-1].stats.prompt_tokens
     eng.unload(handle.id)
+
+
+def test_cli_inspect_text_names_the_block_and_the_active_parameters(synth, capsys):
+    from engine.cli import main
+
+    info = inspect(synth("tiny-olmoe"))
+    assert main(["inspect", str(info.path)]) == 0
+    out = capsys.readouterr().out
+    assert "OLMoE: moe, projection-normalized-grouped-query" in out
+    assert "MoE SwiGLU, 8 experts, top-3 (not renormalised), every layer" in out
+    assert f"{info.plan.active_parameters:,} of {info.plan.parameters:,} parameters" in out
