@@ -33,7 +33,7 @@ class ExecutionPlan:
     qkv_bias: bool
     tied_embeddings: bool
     rope_scaling: str          # none | llama3 | linear | ...
-    block: str = "dense SwiGLU"     # what a user reads: "MoE SwiGLU, 128 experts, top-8 (...), all 48 layers"
+    block: str = "dense SwiGLU"     # what a user reads: "MoE SwiGLU, 128 experts, top-8 (renormalised), every layer"
     parameters: int = 0             # every parameter in the checkpoint
     active_parameters: int = 0      # those one token passes through (all of them for a dense decoder)
     moe_layers: int = 0             # layers that route (the rest are dense SwiGLU)

@@ -127,10 +127,8 @@ class TorchRunner(ModelRunner):
             self.layers = []
             for i, entry in enumerate(catalog.layers):
                 moe_layer = self.decoder.moe is not None and self.decoder.moe.is_moe_layer(i)
-                dense_roles = _Layer.__dataclass_fields__ if not moe_layer else set(_Layer.__dataclass_fields__) - {
-                    "gate", "up", "down"}
-                tensors = {role: take(t) for role, t in entry.roles.items() if role in dense_roles}
-                if moe_layer:
+                tensors = {role: take(t) for role, t in entry.roles.items() if role in _Layer.__dataclass_fields__}
+                if moe_layer:       # router, experts and shared expert: moe.MoeWeights
                     tensors["moe"] = self._moe_weights(entry, take)
                 self.layers.append(_Layer(**tensors))
             self.final_norm = take(catalog.globals["final_norm"])
