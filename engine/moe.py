@@ -114,6 +114,9 @@ def unsupported_reason(text: dict, layout: MoeLayout, num_layers: int) -> str:
         if value in (None, False, "softmax", "greedy") or (key == "routed_scaling_factor" and float(value) == 1.0):
             continue
         return f"This checkpoint uses {what.format(value=value)}, which Hearth does not implement."
+    if int(text.get("ep_size") or 1) > 1:
+        return (f"This checkpoint is laid out for expert parallelism over {text['ep_size']} devices (ep_size); "
+                "Hearth runs every expert on one device.")
     if not 0 < layout.top_k <= layout.num_experts:
         return (f"config.json routes each token to {layout.top_k} of {layout.num_experts} experts; "
                 "that needs between 1 and the number of experts.")

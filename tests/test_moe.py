@@ -153,6 +153,7 @@ def test_dense_plans_count_every_parameter_as_active(synth):
     ("tiny-qwen3-moe", {"n_group": 8}, "grouped expert routing"),
     ("tiny-qwen3-moe", {"routed_scaling_factor": 2.5}, "routed scaling factor of 2.5"),
     ("tiny-qwen3-moe", {"num_experts_per_tok": 9}, "routes each token to 9 of 8 experts"),
+    ("tiny-qwen3-moe", {"ep_size": 4}, "expert parallelism over 4 devices"),
     ("tiny-qwen3-moe", {"use_sliding_window": True}, "sliding-window attention"),
     ("tiny-qwen2-moe", {"mlp_only_layers": [7]}, "outside its 4 layers"),
     ("tiny-olmoe", {"clip_qkv": 8.0}, "clips q, k and v"),
