@@ -68,7 +68,7 @@ class MoeLayout:
         return self.shared_expert_intermediate_size > 0
 
     def describe(self, num_layers: int) -> str:
-        """What a user reads: "MoE SwiGLU, 128 experts, top-8 (renormalised), 48 of 48 layers"."""
+        """What a user reads: "MoE SwiGLU, 128 experts, top-8 (renormalised), every layer"."""
         routed = self.moe_layer_count(num_layers)
         norm = "renormalised" if self.normalize_top_k else "not renormalised"
         text = f"MoE SwiGLU, {self.num_experts} experts, top-{self.top_k} ({norm})"
