@@ -36,10 +36,11 @@ LAYER_SUFFIXES = {
     "mlp.down_proj.weight": "down",
     "mlp.gate.weight": "router",                      # Qwen-MoE router
     "block_sparse_moe.gate.weight": "router",         # Mixtral router
-    "mlp.shared_expert_gate.weight": "shared_expert_router",
+    "mlp.shared_expert_gate.weight": "shared_expert_router",   # Qwen2-MoE: [1, H], sigmoid gate of the shared expert
 }
 _EXPERT = re.compile(r"^(?:mlp|block_sparse_moe)\.experts\.(\d+)\.(gate_proj|up_proj|down_proj|w1|w2|w3)\.weight$")
 _EXPERT_ROLE = {"gate_proj": "gate", "w1": "gate", "up_proj": "up", "w3": "up", "down_proj": "down", "w2": "down"}
+# Qwen2-MoE's always-on expert: roles shared_gate, shared_up, shared_down
 _SHARED_EXPERT = re.compile(r"^mlp\.shared_expert\.(gate_proj|up_proj|down_proj)\.weight$")
 # NVFP4 (ModelOpt) scales sit beside the weight they scale.
 _SCALE = re.compile(r"^(.*)\.(weight_scale_2|weight_scale|input_scale)$")
@@ -89,6 +90,9 @@ class TensorCatalog:
                 layer.scales[rest] = t
             else:
                 unexpected.append(t.name)
+        for i, layer in enumerate(layers):      # experts past num_experts belong to another config
+            for e in [e for e in layer.experts if e >= decoder.num_experts]:
+                unexpected += [t.name for t in layer.experts.pop(e).values()]
         catalog = cls(globals_, layers, unexpected, [])
         catalog.missing = catalog._missing(decoder)
         return catalog
@@ -103,12 +107,14 @@ class TensorCatalog:
                 needed += ["q_norm", "k_norm"]
             if decoder.attention_bias:
                 needed += ["q_bias", "k_bias", "v_bias"]
-            if decoder.is_moe:
+            if decoder.moe is not None and decoder.moe.is_moe_layer(i):
                 needed += ["router"]
+                if decoder.moe.has_shared_expert:
+                    needed += ["shared_gate", "shared_up", "shared_down", "shared_expert_router"]
                 for e in range(decoder.num_experts):
                     have = layer.experts.get(e, {})
                     missing += [f"layer {i}: expert {e} {r}" for r in ("gate", "up", "down") if r not in have]
-            else:
+            else:       # a dense layer, also inside a hybrid MoE stack
                 needed += ["gate", "up", "down"]
             missing += [f"layer {i}: {r}" for r in needed if r not in layer.roles]
         return missing

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Optional
 
 from .errors import (CheckpointNotFound, CorruptCheckpoint, MissingConfig, NotACheckpoint,
                      UnsupportedTensorType)
+from .moe import MoeLayout, layout_from_hf
 
 if TYPE_CHECKING:
     from .catalog import TensorCatalog
@@ -59,9 +60,12 @@ class DecoderConfig:
     tie_word_embeddings: bool = False
     attention_bias: bool = False       # q/k/v projections carry a bias (Qwen2)
     qk_norm: bool = False              # RMS-normalized q and k per head (Qwen3)
+    # OLMoE normalizes q and k over the whole projection (one RMS over all heads), not per head.
+    qk_norm_whole_projection: bool = False
     num_experts: int = 0               # MoE only
     num_experts_per_tok: int = 0
-    moe_intermediate_size: int = 0
+    moe_intermediate_size: int = 0     # each routed expert's width (Mixtral, OLMoE: intermediate_size)
+    moe: Optional[MoeLayout] = None    # which layers route and how (engine/moe.py)
     bos_token_id: Optional[int] = None
     eos_token_ids: tuple[int, ...] = ()
 
@@ -248,7 +252,8 @@ def decoder_config_from_hf(config: dict) -> DecoderConfig:
     eos = text.get("eos_token_id", config.get("eos_token_id"))
     eos_ids = tuple(int(e) for e in (eos if isinstance(eos, list) else [eos] if eos is not None else []))
     model_type = str(text.get("model_type") or config.get("model_type") or "")
-    experts = int(text.get("num_experts") or text.get("num_local_experts") or text.get("n_routed_experts") or 0)
+    moe = layout_from_hf(dict(text, model_type=model_type), layers)
+    experts = moe.num_experts if moe else 0
     return DecoderConfig(
         architecture=str(archs[0]) if archs else "",
         model_type=model_type,
@@ -264,11 +269,14 @@ def decoder_config_from_hf(config: dict) -> DecoderConfig:
         rope_theta=float(text.get("rope_theta") or (text.get("rope_parameters") or {}).get("rope_theta") or 10000.0),
         rope_scaling=_rope_scaling(text),
         tie_word_embeddings=bool(config.get("tie_word_embeddings", text.get("tie_word_embeddings", False))),
-        attention_bias=bool(text.get("attention_bias", model_type == "qwen2")),
-        qk_norm=model_type in ("qwen3", "qwen3_moe"),
+        # Qwen2-MoE spells its q/k/v bias qkv_bias (on by default)
+        attention_bias=bool(text.get("attention_bias", text.get("qkv_bias", model_type in ("qwen2", "qwen2_moe")))),
+        qk_norm=model_type in ("qwen3", "qwen3_moe", "olmoe"),
+        qk_norm_whole_projection=model_type == "olmoe",
         num_experts=experts,
-        num_experts_per_tok=int(text.get("num_experts_per_tok") or 0),
-        moe_intermediate_size=int(text.get("moe_intermediate_size") or 0) if experts else 0,
+        num_experts_per_tok=moe.top_k if moe else 0,
+        moe_intermediate_size=moe.expert_intermediate_size if moe else 0,
+        moe=moe,
         bos_token_id=text.get("bos_token_id", config.get("bos_token_id")),
         eos_token_ids=eos_ids,
     )

@@ -94,6 +94,9 @@ def cmd_inspect(args) -> int:
     if info.plan is not None:
         p = info.plan
         print(f"  plan             {p.family}: {p.archetype}, {p.attention}, {p.projection_format} projections")
+        print(f"  block            {p.block}")
+        if p.active_parameters != p.parameters:
+            print(f"  active per token {p.active_parameters:,} of {p.parameters:,} parameters")
     else:
         print(f"  plan             unsupported: {info.plan_error}")
     print(f"  tensors          {len(info.tensors)}")

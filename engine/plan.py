@@ -11,12 +11,15 @@ from dataclasses import asdict, dataclass
 from .catalog import TensorCatalog
 from .checkpoint import DecoderConfig
 from .errors import MissingTensors, UnsupportedArchitecture, UnsupportedTensorType
+from .moe import parameter_counts
 from .registry import family_for
 
 DENSE_SWIGLU = "dense-swiglu"
 MOE = "moe"
 GROUPED_QUERY = "grouped-query"
 RMS_NORMALIZED_GROUPED_QUERY = "rms-normalized-grouped-query"
+# OLMoE: one RMSNorm over the whole q (and k) projection, all heads together, before rope
+PROJECTION_NORMALIZED_GROUPED_QUERY = "projection-normalized-grouped-query"
 
 _PROJECTION_FORMATS = {"bf16": "bf16", "fp16": "fp16", "fp32": "fp32", "nvfp4": "nvfp4"}
 
@@ -30,6 +33,10 @@ class ExecutionPlan:
     qkv_bias: bool
     tied_embeddings: bool
     rope_scaling: str          # none | llama3 | linear | ...
+    block: str = "dense SwiGLU"     # what a user reads: "MoE SwiGLU, 128 experts, top-8 (renormalised), every layer"
+    parameters: int = 0             # every parameter in the checkpoint
+    active_parameters: int = 0      # those one token passes through (all of them for a dense decoder)
+    moe_layers: int = 0             # layers that route (the rest are dense SwiGLU)
 
     @classmethod
     def discover(cls, decoder: DecoderConfig, catalog: TensorCatalog, quantization: str = "bf16") -> "ExecutionPlan":
@@ -46,13 +53,25 @@ class ExecutionPlan:
         if archetype != family.archetype:
             raise UnsupportedArchitecture(
                 f"{decoder.architecture} is declared {family.archetype} but its config describes {archetype}.")
-        attention = RMS_NORMALIZED_GROUPED_QUERY if decoder.qk_norm else GROUPED_QUERY
+        block, moe_layers = "dense SwiGLU", 0
+        parameters = active = sum(t.numel for t in catalog.globals.values()) + sum(
+            t.numel for layer in catalog.layers for t in layer.roles.values())
+        if decoder.moe is not None:
+            if decoder.moe.unsupported:
+                raise UnsupportedArchitecture(decoder.moe.unsupported)
+            block = decoder.moe.describe(decoder.num_layers)
+            moe_layers = decoder.moe.moe_layer_count(decoder.num_layers)
+            parameters, active = parameter_counts(decoder.moe, catalog)
+        attention = GROUPED_QUERY
+        if decoder.qk_norm:
+            attention = (PROJECTION_NORMALIZED_GROUPED_QUERY if decoder.qk_norm_whole_projection
+                         else RMS_NORMALIZED_GROUPED_QUERY)
         projection = _PROJECTION_FORMATS.get(quantization.lower(), quantization)
         rope = (decoder.rope_scaling or {}).get("rope_type", "none")
         if rope not in ("none", "llama3", "linear"):
             raise UnsupportedArchitecture(f"RoPE scaling '{rope}' is not supported (llama3 and linear are).")
         return cls(family.name, archetype, attention, projection, decoder.attention_bias,
-                   catalog.tied, rope)
+                   catalog.tied, rope, block, parameters, active, moe_layers)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -103,6 +122,9 @@ class MemoryPlan:
         """The torch backend's estimate (weights as given, one KV cache per session)."""
         context = int(context_length or decoder.max_position_embeddings)
         workspace = max_batch * 4 * (decoder.vocab_size + 8 * decoder.intermediate_size + 8 * decoder.hidden_size)
+        if decoder.moe is not None:   # router logits and the k selected experts' activations per row
+            moe = decoder.moe
+            workspace += max_batch * 4 * (moe.num_experts + 2 * moe.top_k * (moe.expert_intermediate_size + 1))
         return cls(weight_bytes, decoder.kv_bytes_per_token(2), context, kv_block_size, workspace,
                    decoder.max_position_embeddings, sessions=sessions, runtime_bytes=64 * 1024 * 1024,
                    reserve_bytes=reserve_bytes, precision=precision)

@@ -15,7 +15,7 @@ class Family:
     name: str                 # what a user reads: "Llama", "Qwen3"
     archetype: str            # "dense-swiglu" or "moe"
     qkv_bias: bool = False    # Qwen2 carries biases on q/k/v
-    qk_norm: bool = False     # Qwen3 RMS-normalizes q and k per head
+    qk_norm: bool = False     # Qwen3 RMS-normalizes q and k per head (OLMoE over the whole projection)
 
 
 ARCHITECTURES = {
@@ -23,12 +23,16 @@ ARCHITECTURES = {
     "MistralForCausalLM": Family("Mistral", "dense-swiglu"),
     "Qwen2ForCausalLM": Family("Qwen2", "dense-swiglu", qkv_bias=True),
     "Qwen3ForCausalLM": Family("Qwen3", "dense-swiglu", qk_norm=True),
-    "Qwen3MoeForCausalLM": Family("Qwen3-MoE", "moe", qk_norm=True),
-    "MixtralForCausalLM": Family("Mixtral", "moe"),
+    # Mixture-of-experts (engine/moe.py has each family's layer rule and router)
+    "Qwen3MoeForCausalLM": Family("Qwen3-MoE", "moe", qk_norm=True),   # Qwen3-30B-A3B, Qwen3-235B-A22B
+    "Qwen2MoeForCausalLM": Family("Qwen2-MoE", "moe", qkv_bias=True),  # Qwen1.5-MoE-A2.7B, Qwen2-57B-A14B
+    "MixtralForCausalLM": Family("Mixtral", "moe"),                    # Mixtral 8x7B, 8x22B
+    "OlmoeForCausalLM": Family("OLMoE", "moe", qk_norm=True),          # OLMoE-1B-7B
 }
 
-# Families whose weights the backends can run today (MoE is planned, not yet executed).
-RUNNABLE_ARCHETYPES = ("dense-swiglu",)
+# Archetypes each backend runs today: the torch reference runs both; cuda-native refuses MoE until
+# its native block exists (backends/cuda_native.py).
+RUNNABLE_ARCHETYPES = ("dense-swiglu", "moe")
 
 
 def family_for(architecture: str) -> Family:

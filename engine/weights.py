@@ -57,12 +57,21 @@ def expected_shapes(decoder: DecoderConfig) -> dict:
     """role -> the shape config.json implies for it (per layer roles and globals)."""
     h, hd = decoder.hidden_size, decoder.head_dim
     q, kv, inter = decoder.q_size, decoder.kv_size, decoder.intermediate_size
-    return {
+    shapes = {
         "embed": (decoder.vocab_size, h), "lm_head": (decoder.vocab_size, h), "final_norm": (h,),
         "attn_norm": (h,), "mlp_norm": (h,), "q": (q, h), "k": (kv, h), "v": (kv, h), "o": (h, q),
         "q_bias": (q,), "k_bias": (kv,), "v_bias": (kv,), "q_norm": (hd,), "k_norm": (hd,),
         "gate": (inter, h), "up": (inter, h), "down": (h, inter),
     }
+    if decoder.qk_norm_whole_projection:
+        shapes.update(q_norm=(q,), k_norm=(kv,))
+    moe = decoder.moe
+    if moe is not None:
+        e, s = moe.expert_intermediate_size, moe.shared_expert_intermediate_size
+        shapes.update(router=(moe.num_experts, h), expert_gate=(e, h), expert_up=(e, h), expert_down=(h, e),
+                      shared_gate=(s, h), shared_up=(s, h), shared_down=(h, s),
+                      shared_expert_router=(1, h))
+    return shapes
 
 
 def check_shapes(decoder: DecoderConfig, catalog: TensorCatalog) -> None:
@@ -71,6 +80,8 @@ def check_shapes(decoder: DecoderConfig, catalog: TensorCatalog) -> None:
     entries = list(catalog.globals.items())
     for layer in catalog.layers:
         entries += list(layer.roles.items())
+        for expert in layer.experts.values():
+            entries += [("expert_" + role, t) for role, t in expert.items()]
     for role, t in entries:
         shape = want.get(role)
         if shape is not None and tuple(t.shape) != shape:

@@ -49,3 +49,12 @@ def default_engine(default_model, hearth_home):
     eng = Engine(backend="torch", home=hearth_home)
     eng.load_model(default_model.id)
     return eng
+
+
+@pytest.fixture(scope="session")
+def moe_chat_checkpoint(default_model, tmp_path_factory):
+    """A tiny hybrid Qwen3-MoE checkpoint (random weights) with the default model's real tokenizer."""
+    from engine.tools.synth import write_checkpoint
+
+    return write_checkpoint("tiny-qwen3-moe", tmp_path_factory.mktemp("tiny-moe-chat"), seed=1, device="cpu",
+                            tokenizer_from=Path(default_model.path))

@@ -271,12 +271,18 @@ class Inspector(QWidget):
         plan = getattr(info, "plan", None)
         if plan is not None:
             p = _fields(plan)
-            rows = [("Archetype", _value(p.get("archetype"))), ("Attention", _value(p.get("attention"))),
+            rows = [("Archetype", _value(p.get("archetype"))), ("Block", _value(p.get("block"))),
+                    ("Attention", _value(p.get("attention"))),
                     ("Projection format", _value(p.get("projection_format")))]
+            total, active = p.get("parameters") or 0, p.get("active_parameters") or 0
+            if total and active != total:   # MoE: a token passes through only its top-k experts
+                rows.append(("Parameters", f"{human_count(total)} total, {human_count(active)} active per token "
+                                           f"({total:,} / {active:,})"))
             kv = p.get("kv_bytes_per_token", kv)
+            shown = ("archetype", "block", "attention", "projection_format", "kv_bytes_per_token", "parameters",
+                     "active_parameters")
             extra = [(k.replace("_", " ").capitalize(), _value(v)) for k, v in p.items()
-                     if k not in ("archetype", "attention", "projection_format", "kv_bytes_per_token")
-                     and not isinstance(v, (dict, list))]
+                     if k not in shown and not isinstance(v, (dict, list))]
             rows += extra[:6]
         else:
             rows = [("Supported", "no"), ("Why", getattr(info, "plan_error", "") or "No execution plan")]

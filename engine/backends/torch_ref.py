@@ -2,7 +2,8 @@
 
 Clarity over speed. A straightforward Llama-family decoder (Llama 2/3/3.1 rope scaling, Mistral,
 SmolLM2, Qwen2 q/k/v bias, Qwen3 q/k RMSNorm, tied embeddings), computing in float32 (default) or
-bfloat16, with a contiguous KV cache per sequence that grows as needed.
+bfloat16, with a contiguous KV cache per sequence that grows as needed. Mixture-of-experts layers
+(Qwen3-MoE, Qwen2-MoE, Mixtral, OLMoE, hybrid dense / MoE stacks) run `moe.feed_forward`.
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import torch.nn.functional as F
 
 from ..checkpoint import CheckpointInfo, DecoderConfig
 from ..errors import ContextOverflow, UnknownSession, UnsupportedArchitecture
+from ..moe import MoeWeights, feed_forward as moe_feed_forward
 from ..plan import ExecutionPlan
 from ..progress import ByteCounter, LOADING_WEIGHTS, ProgressCallback
 from ..registry import RUNNABLE_ARCHETYPES
@@ -67,14 +69,15 @@ class _Layer:
     k: torch.Tensor
     v: torch.Tensor
     o: torch.Tensor
-    gate: torch.Tensor
-    up: torch.Tensor
-    down: torch.Tensor
+    gate: Optional[torch.Tensor] = None    # dense SwiGLU layers
+    up: Optional[torch.Tensor] = None
+    down: Optional[torch.Tensor] = None
     q_bias: Optional[torch.Tensor] = None
     k_bias: Optional[torch.Tensor] = None
     v_bias: Optional[torch.Tensor] = None
     q_norm: Optional[torch.Tensor] = None
     k_norm: Optional[torch.Tensor] = None
+    moe: Optional[MoeWeights] = None       # mixture-of-experts layers instead of gate / up / down
 
 
 @dataclass
@@ -122,11 +125,24 @@ class TorchRunner(ModelRunner):
 
             self.embed = take(catalog.globals["embed"])
             self.layers = []
-            for entry in catalog.layers:
+            for i, entry in enumerate(catalog.layers):
+                moe_layer = self.decoder.moe is not None and self.decoder.moe.is_moe_layer(i)
                 tensors = {role: take(t) for role, t in entry.roles.items() if role in _Layer.__dataclass_fields__}
+                if moe_layer:       # router, experts and shared expert: moe.MoeWeights
+                    tensors["moe"] = self._moe_weights(entry, take)
                 self.layers.append(_Layer(**tensors))
             self.final_norm = take(catalog.globals["final_norm"])
             self.lm_head = take(catalog.globals["lm_head"]) if "lm_head" in catalog.globals else self.embed
+
+    def _moe_weights(self, entry, take) -> MoeWeights:
+        """The router, the experts fused and stacked in expert order (gate_up [E, 2I, H], down
+        [E, H, I], as moe.moe_placements lays them out), and the shared expert if any."""
+        experts = [entry.experts[e] for e in range(self.decoder.num_experts)]
+        gate_up = torch.stack([torch.cat([take(x["gate"]), take(x["up"])]) for x in experts])
+        down = torch.stack([take(x["down"]) for x in experts])
+        shared = {role: take(entry.roles[role]) for role in ("shared_gate", "shared_up", "shared_down",
+                                                              "shared_expert_router") if role in entry.roles}
+        return MoeWeights(router=take(entry.roles["router"]), gate_up=gate_up, down=down, **shared)
 
     # ----------------------------------------------------------------------------- sequences
     def allocate_sequence(self) -> int:
@@ -190,10 +206,13 @@ class TorchRunner(ModelRunner):
         group = d.num_heads // d.num_kv_heads
         for i, w in enumerate(self.layers):
             h = rms_norm(x, w.attn_norm, d.rms_norm_eps)
-            q = F.linear(h, w.q, w.q_bias).view(n, d.num_heads, d.head_dim).transpose(0, 1)
-            k = F.linear(h, w.k, w.k_bias).view(n, d.num_kv_heads, d.head_dim).transpose(0, 1)
+            q, k = F.linear(h, w.q, w.q_bias), F.linear(h, w.k, w.k_bias)
+            if d.qk_norm_whole_projection:       # OLMoE: one RMS over all heads, before the split
+                q, k = rms_norm(q, w.q_norm, d.rms_norm_eps), rms_norm(k, w.k_norm, d.rms_norm_eps)
+            q = q.view(n, d.num_heads, d.head_dim).transpose(0, 1)
+            k = k.view(n, d.num_kv_heads, d.head_dim).transpose(0, 1)
             v = F.linear(h, w.v, w.v_bias).view(n, d.num_kv_heads, d.head_dim).transpose(0, 1)
-            if w.q_norm is not None:
+            if w.q_norm is not None and not d.qk_norm_whole_projection:
                 q = rms_norm(q, w.q_norm, d.rms_norm_eps)
                 k = rms_norm(k, w.k_norm, d.rms_norm_eps)
             q = q * cos + rotate_half(q) * sin
@@ -205,7 +224,10 @@ class TorchRunner(ModelRunner):
             attn = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
             x = x + F.linear(attn.transpose(0, 1).reshape(n, d.q_size), w.o)
             h = rms_norm(x, w.mlp_norm, d.rms_norm_eps)
-            x = x + F.linear(F.silu(F.linear(h, w.gate)) * F.linear(h, w.up), w.down)
+            if w.moe is not None:
+                x = x + moe_feed_forward(h, w.moe, d.moe)
+            else:
+                x = x + F.linear(F.silu(F.linear(h, w.gate)) * F.linear(h, w.up), w.down)
         s.length = total
         x = x if all_logits else x[-1:]
         return F.linear(rms_norm(x, self.final_norm, d.rms_norm_eps), self.lm_head).float()

@@ -4,7 +4,12 @@
 
 Weights are drawn N(0, 0.02) (norm weights around 1), in bf16 by default, and streamed tensor by
 tensor into safetensors files (on the GPU when torch sees one, so the 8B shape takes seconds, not
-minutes). `--tokenizer` adds a byte-level tokenizer and a ChatML template so chat works end to end.
+minutes). `--tokenizer` adds a byte-level tokenizer and a ChatML template so chat works end to end;
+`--tokenizer-from DIR` copies a real model's tokenizer instead (the vocabulary follows it).
+
+Mixture-of-experts shapes are written as real checkpoints are on disk: one tensor per expert
+(`mlp.experts.{e}.{gate,up,down}_proj.weight`; Mixtral `block_sparse_moe.experts.{e}.{w1,w3,w2}`),
+as transformers 5.24 itself saves them (it stacks experts in memory only).
 """
 from __future__ import annotations
 
@@ -14,6 +19,8 @@ import math
 import struct
 import sys
 from pathlib import Path
+
+from ..moe import layout_from_hf
 
 SHAPES = {
     "tiny": dict(architectures=["LlamaForCausalLM"], model_type="llama", hidden_size=64, num_hidden_layers=2,
@@ -61,7 +68,55 @@ SHAPES = {
                      num_hidden_layers=36, num_attention_heads=32, num_key_value_heads=8, head_dim=128,
                      intermediate_size=12288, vocab_size=151936, max_position_embeddings=40960,
                      rope_theta=1000000.0, rms_norm_eps=1e-6, tie_word_embeddings=False, attention_bias=False),
+    # ---- mixture of experts. Tiny shapes for CI: each family's router, a hybrid dense / MoE stack
+    # (Qwen3-MoE: mlp_only_layers; Qwen2-MoE: decoder_sparse_step 2) and Qwen2-MoE's shared expert.
+    "tiny-qwen3-moe": dict(architectures=["Qwen3MoeForCausalLM"], model_type="qwen3_moe", hidden_size=64,
+                           num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+                           intermediate_size=128, moe_intermediate_size=32, num_experts=8, num_experts_per_tok=2,
+                           norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[1], vocab_size=320,
+                           max_position_embeddings=1024, rope_theta=1000000.0, rms_norm_eps=1e-6,
+                           tie_word_embeddings=False, attention_bias=False),
+    "tiny-qwen2-moe": dict(architectures=["Qwen2MoeForCausalLM"], model_type="qwen2_moe", hidden_size=64,
+                           num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, intermediate_size=128,
+                           moe_intermediate_size=32, shared_expert_intermediate_size=96, num_experts=6,
+                           num_experts_per_tok=2, norm_topk_prob=False, decoder_sparse_step=2, mlp_only_layers=[],
+                           qkv_bias=True, vocab_size=320, max_position_embeddings=1024, rope_theta=1000000.0,
+                           rms_norm_eps=1e-6, tie_word_embeddings=False),
+    "tiny-mixtral": dict(architectures=["MixtralForCausalLM"], model_type="mixtral", hidden_size=64,
+                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, intermediate_size=96,
+                         num_local_experts=4, num_experts_per_tok=2, vocab_size=320, max_position_embeddings=1024,
+                         rope_theta=1000000.0, rms_norm_eps=1e-5, tie_word_embeddings=False, sliding_window=None),
+    "tiny-olmoe": dict(architectures=["OlmoeForCausalLM"], model_type="olmoe", hidden_size=64, num_hidden_layers=2,
+                       num_attention_heads=4, num_key_value_heads=2, intermediate_size=48, num_experts=8,
+                       num_experts_per_tok=3, norm_topk_prob=False, vocab_size=320, max_position_embeddings=1024,
+                       rope_theta=10000.0, rms_norm_eps=1e-5, tie_word_embeddings=False, attention_bias=False,
+                       clip_qkv=None),
+    # ---- mixture of experts, real shapes. Qwen3-30B-A3B is 61 GB in bf16 (NVFP4 is about 17 GB);
+    # the 16-layer variant (10.6 B parameters, 21.2 GB in bf16) fits the GPU machine's 64 GB disk.
+    "qwen3-30b-a3b": dict(architectures=["Qwen3MoeForCausalLM"], model_type="qwen3_moe", hidden_size=2048,
+                          num_hidden_layers=48, num_attention_heads=32, num_key_value_heads=4, head_dim=128,
+                          intermediate_size=6144, moe_intermediate_size=768, num_experts=128, num_experts_per_tok=8,
+                          norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[], vocab_size=151936,
+                          max_position_embeddings=40960, rope_theta=1000000.0, rms_norm_eps=1e-6,
+                          tie_word_embeddings=False, attention_bias=False),
+    "mixtral-8x7b": dict(architectures=["MixtralForCausalLM"], model_type="mixtral", hidden_size=4096,
+                         num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8, intermediate_size=14336,
+                         num_local_experts=8, num_experts_per_tok=2, vocab_size=32000, max_position_embeddings=32768,
+                         rope_theta=1000000.0, rms_norm_eps=1e-5, tie_word_embeddings=False, sliding_window=None),
+    "olmoe-1b-7b": dict(architectures=["OlmoeForCausalLM"], model_type="olmoe", hidden_size=2048,
+                        num_hidden_layers=16, num_attention_heads=16, num_key_value_heads=16, intermediate_size=1024,
+                        num_experts=64, num_experts_per_tok=8, norm_topk_prob=False, vocab_size=50304,
+                        max_position_embeddings=4096, rope_theta=10000.0, rms_norm_eps=1e-5,
+                        tie_word_embeddings=False, attention_bias=False, clip_qkv=None),
+    "qwen1.5-moe-a2.7b": dict(architectures=["Qwen2MoeForCausalLM"], model_type="qwen2_moe", hidden_size=2048,
+                              num_hidden_layers=24, num_attention_heads=16, num_key_value_heads=16,
+                              intermediate_size=5632, moe_intermediate_size=1408,
+                              shared_expert_intermediate_size=5632, num_experts=60, num_experts_per_tok=4,
+                              norm_topk_prob=False, decoder_sparse_step=1, mlp_only_layers=[], qkv_bias=True,
+                              vocab_size=151936, max_position_embeddings=8192, rope_theta=1000000.0,
+                              rms_norm_eps=1e-6, tie_word_embeddings=False),
 }
+SHAPES["qwen3-30b-a3b-16l"] = dict(SHAPES["qwen3-30b-a3b"], num_hidden_layers=16)
 
 CHATML_TEMPLATE = (
     "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + "
@@ -76,7 +131,8 @@ def tensor_shapes(cfg: dict) -> list[tuple[str, tuple[int, ...]]]:
     h, v, inter = cfg["hidden_size"], cfg["vocab_size"], cfg["intermediate_size"]
     heads, kv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
     hd = cfg.get("head_dim") or h // heads
-    bias = cfg["model_type"] == "qwen2" or cfg.get("attention_bias", False)
+    bias = cfg["model_type"] == "qwen2" or cfg.get("attention_bias", cfg.get("qkv_bias", False))
+    moe = layout_from_hf(cfg, cfg["num_hidden_layers"])
     shapes = [("model.embed_tokens.weight", (v, h))]
     for i in range(cfg["num_hidden_layers"]):
         p = f"model.layers.{i}."
@@ -88,15 +144,39 @@ def tensor_shapes(cfg: dict) -> list[tuple[str, tuple[int, ...]]]:
         if bias:
             shapes += [(p + "self_attn.q_proj.bias", (heads * hd,)), (p + "self_attn.k_proj.bias", (kv * hd,)),
                        (p + "self_attn.v_proj.bias", (kv * hd,))]
-        if cfg["model_type"] == "qwen3":
+        if cfg["model_type"] in ("qwen3", "qwen3_moe"):
             shapes += [(p + "self_attn.q_norm.weight", (hd,)), (p + "self_attn.k_norm.weight", (hd,))]
-        shapes += [(p + "post_attention_layernorm.weight", (h,)),
-                   (p + "mlp.gate_proj.weight", (inter, h)),
-                   (p + "mlp.up_proj.weight", (inter, h)),
-                   (p + "mlp.down_proj.weight", (h, inter))]
+        if cfg["model_type"] == "olmoe":         # over the whole projection, not per head
+            shapes += [(p + "self_attn.q_norm.weight", (heads * hd,)), (p + "self_attn.k_norm.weight", (kv * hd,))]
+        shapes.append((p + "post_attention_layernorm.weight", (h,)))
+        if moe is not None and moe.is_moe_layer(i):
+            shapes += _moe_shapes(cfg, p, moe)
+        else:
+            shapes += [(p + "mlp.gate_proj.weight", (inter, h)),
+                       (p + "mlp.up_proj.weight", (inter, h)),
+                       (p + "mlp.down_proj.weight", (h, inter))]
     shapes.append(("model.norm.weight", (h,)))
     if not cfg.get("tie_word_embeddings"):
         shapes.append(("lm_head.weight", (v, h)))
+    return shapes
+
+
+def _moe_shapes(cfg: dict, p: str, moe) -> list[tuple[str, tuple[int, ...]]]:
+    """One MoE layer's tensors under their on-disk names, in the order transformers saves them."""
+    h, e = cfg["hidden_size"], moe.expert_intermediate_size
+    if cfg["model_type"] == "mixtral":
+        block, names = p + "block_sparse_moe.", ("w1", "w2", "w3")      # w1 = gate, w2 = down, w3 = up
+    else:
+        block, names = p + "mlp.", ("gate_proj", "down_proj", "up_proj")
+    shapes = [(block + "gate.weight", (moe.num_experts, h))]
+    for x in range(moe.num_experts):
+        shapes += [(f"{block}experts.{x}.{names[0]}.weight", (e, h)),
+                   (f"{block}experts.{x}.{names[1]}.weight", (h, e)),
+                   (f"{block}experts.{x}.{names[2]}.weight", (e, h))]
+    if moe.has_shared_expert:
+        s = moe.shared_expert_intermediate_size
+        shapes += [(block + "shared_expert.gate_proj.weight", (s, h)), (block + "shared_expert.up_proj.weight", (s, h)),
+                   (block + "shared_expert.down_proj.weight", (h, s)), (block + "shared_expert_gate.weight", (1, h))]
     return shapes
 
 
@@ -111,7 +191,8 @@ def _random_tensor(torch, name: str, shape, seed: int, index: int, dtype, device
 
 
 def write_checkpoint(shape: str, out: Path, seed: int = 0, dtype: str = "bf16", tokenizer: bool = False,
-                     overrides: dict | None = None, device: str | None = None) -> Path:
+                     overrides: dict | None = None, device: str | None = None,
+                     tokenizer_from: Path | None = None) -> Path:
     import torch
 
     if shape not in SHAPES:
@@ -119,6 +200,8 @@ def write_checkpoint(shape: str, out: Path, seed: int = 0, dtype: str = "bf16", 
     cfg = dict(SHAPES[shape], **(overrides or {}))
     cfg.update(torch_dtype={"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}[dtype],
                bos_token_id=1, eos_token_id=2, hidden_act="silu")
+    if tokenizer_from is not None:      # the embedding and head follow the real vocabulary
+        cfg.update(_tokenizer_ids(Path(tokenizer_from)))
     st_dtype, itemsize = _DTYPES[dtype]
     torch_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dtype]
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -160,10 +243,36 @@ def write_checkpoint(shape: str, out: Path, seed: int = 0, dtype: str = "bf16", 
     with open(out / "config.json", "w") as f:
         json.dump(cfg, f, indent=2)
     with open(out / "generation_config.json", "w") as f:
-        json.dump({"bos_token_id": 1, "eos_token_id": 2}, f, indent=2)
-    if tokenizer:
+        json.dump({"bos_token_id": cfg["bos_token_id"], "eos_token_id": cfg["eos_token_id"]}, f, indent=2)
+    if tokenizer_from is not None:
+        copy_tokenizer(Path(tokenizer_from), out)
+    elif tokenizer:
         write_byte_tokenizer(out)
     return out
+
+
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja")
+
+
+def _tokenizer_ids(src: Path) -> dict:
+    """vocab_size, bos and eos of a real model folder, so random weights fit its tokenizer."""
+    from tokenizers import Tokenizer
+
+    config = json.loads((src / "config.json").read_text()) if (src / "config.json").exists() else {}
+    vocab = Tokenizer.from_file(str(src / "tokenizer.json")).get_vocab_size(with_added_tokens=True)
+    return {"vocab_size": max(vocab, int(config.get("vocab_size") or 0)),
+            "bos_token_id": config.get("bos_token_id", 1), "eos_token_id": config.get("eos_token_id", 2)}
+
+
+def copy_tokenizer(src: Path, out: Path) -> None:
+    """Copy a real model's tokenizer and chat template (e.g. the default model's) beside the weights."""
+    import shutil
+
+    if not (src / "tokenizer.json").exists():
+        raise SystemExit(f"{src} has no tokenizer.json to copy")
+    for name in _TOKENIZER_FILES:
+        if (src / name).exists():
+            shutil.copyfile(src / name, out / name)
 
 
 def write_byte_tokenizer(out: Path) -> None:
@@ -201,9 +310,12 @@ def main(argv=None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--dtype", default="bf16", choices=sorted(_DTYPES))
     parser.add_argument("--tokenizer", action="store_true", help="also write a byte-level tokenizer and chat template")
+    parser.add_argument("--tokenizer-from", type=Path, default=None,
+                        help="copy this model folder's tokenizer and chat template (the vocabulary follows it)")
     parser.add_argument("--device", default=None, help="where to draw the weights (default: cuda if present)")
     args = parser.parse_args(argv)
-    path = write_checkpoint(args.shape, args.out, args.seed, args.dtype, args.tokenizer, device=args.device)
+    path = write_checkpoint(args.shape, args.out, args.seed, args.dtype, args.tokenizer, device=args.device,
+                            tokenizer_from=args.tokenizer_from)
     print(path)
     return 0
 
