@@ -108,10 +108,10 @@ def test_compressed_tensors_decompresses_our_packing_to_our_values():
     }
     scheme = QuantizationScheme(targets=["Linear"], **NVFP4A16)
     ours = q.dequantize()
-    # The package decompresses to bf16: ours rounded once to bf16, give or take that rounding.
+    # The package decompresses in bf16, rounding twice (scale / global scale, then the product).
     theirs = NVFP4PackedCompressor.decompress(state, scheme)["weight"]
     assert theirs.dtype == torch.bfloat16
-    np.testing.assert_allclose(theirs.float().numpy(), ours, rtol=2 ** -8, atol=0)
+    np.testing.assert_allclose(theirs.float().numpy(), ours, rtol=2 ** -7, atol=0)
     # Its own pieces in fp32: unpacking is exact, dequantizing differs from ours only by the one
     # rounding of the inverted global scale.
     codes = unpack_fp4_from_uint8(state["weight_packed"], 48, 64, dtype=torch.float32)

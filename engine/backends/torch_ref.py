@@ -16,6 +16,8 @@ import torch.nn.functional as F
 
 from ..checkpoint import CheckpointInfo, DecoderConfig
 from ..errors import ContextOverflow, UnknownSession, UnsupportedArchitecture
+from ..nvfp4 import NvFp4Tensor
+from ..nvfp4_checkpoint import pair, read_layer
 from ..plan import ExecutionPlan
 from ..progress import ByteCounter, LOADING_WEIGHTS, ProgressCallback
 from ..registry import RUNNABLE_ARCHETYPES
@@ -110,7 +112,13 @@ class TorchRunner(ModelRunner):
         counter = ByteCounter(progress, LOADING_WEIGHTS, info.weight_bytes)
         counter.start("reading weights")
         self.weight_bytes = 0
+        packed = pair(info).layers if info.quant_scheme is not None else [{} for _ in catalog.layers]
         with TensorReader(info) as reader:
+            def dequantized(t: NvFp4Tensor) -> torch.Tensor:
+                value = torch.from_numpy(t.dequantize()).to(device=self.device, dtype=self.dtype)
+                self.weight_bytes += value.numel() * value.element_size()
+                return value
+
             def take(t):
                 staging = torch.empty(t.bytes, dtype=torch.uint8)
                 reader.read_into(t, memoryview(staging.numpy()))
@@ -122,8 +130,12 @@ class TorchRunner(ModelRunner):
 
             self.embed = take(catalog.globals["embed"])
             self.layers = []
-            for entry in catalog.layers:
-                tensors = {role: take(t) for role, t in entry.roles.items() if role in _Layer.__dataclass_fields__}
+            for entry, nvfp4_roles in zip(catalog.layers, packed):
+                # NVFP4 projections dequantize to the compute dtype, fused groups (q/k/v, gate/up)
+                # over one global scale as the native engine holds them: the oracle for its kernels.
+                nvfp4 = read_layer(reader, nvfp4_roles, counter.advance)
+                tensors = {role: dequantized(nvfp4[role]) if role in nvfp4 else take(t)
+                           for role, t in entry.roles.items() if role in _Layer.__dataclass_fields__}
                 self.layers.append(_Layer(**tensors))
             self.final_norm = take(catalog.globals["final_norm"])
             self.lm_head = take(catalog.globals["lm_head"]) if "lm_head" in catalog.globals else self.embed
