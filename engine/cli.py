@@ -2,7 +2,7 @@
 
     hearth [app] [--model ID]      open the desktop app
     hearth inspect PATH [--json]
-    hearth models list [--json] | import PATH | remove ID | default
+    hearth models list [--json] | import PATH [--nvfp4] | remove ID | default
     hearth generate MODEL --prompt TEXT [--chat] [--max-tokens N] [--temperature T] [--seed S] [--backend B] [--json]
     hearth chat MODEL
     hearth quantize MODEL --format nvfp4 [--layout modelopt|compressed-tensors] [--id ID]
@@ -101,7 +101,12 @@ def cmd_models(args) -> int:
         if not args.path:
             raise SystemExit("hearth models import PATH")
         bar = ProgressBar()
-        manifest = lib.import_path(args.path, progress=bar)
+        if getattr(args, "nvfp4", False) and str(args.path).lower().endswith(".gguf"):
+            from .quantize import import_gguf_as_nvfp4
+
+            manifest = import_gguf_as_nvfp4(args.path, library=lib, progress=bar)
+        else:
+            manifest = lib.import_path(args.path, progress=bar)
         bar.done()
         print(f"imported {manifest.id} -> {manifest.path}")
     elif args.action == "remove":
@@ -212,6 +217,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("action", choices=["list", "import", "remove", "default"])
     p.add_argument("path", nargs="?", help="a folder or .gguf to import, or the id to remove")
     p.add_argument("--json", action="store_true")
+    p.add_argument("--nvfp4", action="store_true",
+                   help="import a 4-bit GGUF as NVFP4 (4.5 bits per weight) instead of bf16; costs some quality")
     p.set_defaults(func=cmd_models)
 
     for name, func, helptext in (("generate", cmd_generate, "generate text once"),

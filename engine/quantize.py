@@ -209,3 +209,27 @@ def quantize_model(model, layout: str = MODELOPT, library=None, progress: Option
                                    source=f"hearth quantize --format nvfp4 --layout {layout} ({source})")
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+
+
+def import_gguf_as_nvfp4(gguf_path, library=None, layout: str = MODELOPT,
+                         progress: Optional[ProgressCallback] = None, model_id: Optional[str] = None,
+                         name: Optional[str] = None):
+    """Import a GGUF keeping it at 4 bits: dequantized as every import is (engine.gguf_import), then
+    NVFP4 instead of bf16. The projections pass through two 4-bit grids (the GGUF's, then NVFP4's),
+    so this costs quality against the bf16 import; README gives the default model's figures."""
+    from .gguf_import import convert_gguf
+    from .library import ModelLibrary
+
+    library = library if library is not None else ModelLibrary()
+    gguf_path = Path(gguf_path).expanduser()
+    library.models_dir.mkdir(parents=True, exist_ok=True)
+    stem = f".{uuid.uuid4().hex[:8]}"
+    dense, packed = library.models_dir / f"{stem}.gguf-staging", library.models_dir / f"{stem}.nvfp4-staging"
+    try:
+        convert_gguf(gguf_path, dense, progress)
+        write_nvfp4(dense, packed, layout, progress)
+        return library.import_path(packed, model_id=model_id, name=name or f"{gguf_path.stem} NVFP4",
+                                   source=f"{gguf_path.resolve()} (GGUF, kept at 4 bits as NVFP4, {layout})")
+    finally:
+        shutil.rmtree(dense, ignore_errors=True)
+        shutil.rmtree(packed, ignore_errors=True)

@@ -101,3 +101,39 @@ def test_quantize_command(synth, tmp_path):
     out = json.loads(run("generate", "tiny-ct", "--prompt", "the", "--max-tokens", "4", "--temperature", "0",
                          "--backend", "torch", "--json").stdout)
     assert out["stats"]["generated_tokens"] >= 1
+
+
+def test_a_4bit_gguf_imports_as_nvfp4(tmp_path):
+    """`hearth models import X.gguf --nvfp4`: the GGUF's projections kept at 4 bits, as NVFP4, within
+    one NVFP4 step of the bf16 import of the same file."""
+    import gguf
+    from test_gguf_import import write_tiny_gguf
+
+    from engine.backends.base import RunnerOptions
+    from engine.backends.torch_ref import TorchRunner
+    from engine.quantize import import_gguf_as_nvfp4
+
+    Q = gguf.GGMLQuantizationType
+    types = {f"blk.0.{n}.weight": Q.Q4_0 for n in ("attn_q", "attn_k", "attn_v", "attn_output",
+                                                    "ffn_gate", "ffn_up", "ffn_down")}
+    src = tmp_path / "tiny-q4.gguf"
+    write_tiny_gguf(src, types=types)
+    library = ModelLibrary(tmp_path / "home")
+    dense = library.import_path(src, model_id="tiny-bf16")
+    packed = import_gguf_as_nvfp4(src, library=library, model_id="tiny-nvfp4")
+    assert packed.quantization == "nvfp4" and packed.bytes < dense.bytes
+    assert sorted(library.ids()) == ["tiny-bf16", "tiny-nvfp4"]
+    assert not [p for p in library.models_dir.iterdir() if p.name.startswith(".")]
+    runners = []
+    for m in (dense, packed):
+        info = inspect(m.path)
+        runners.append(TorchRunner(info, info.plan, RunnerOptions(context_length=16)))
+    # Each NVFP4 weight is within one e2m1 step of the bf16 import's, block by block: at most one
+    # block-scale unit (block amax / 6), plus the e4m3 rounding of that scale.
+    for role in ("q", "k", "v", "o", "gate", "up", "down"):
+        a, b = (getattr(r.layers[0], role).numpy() for r in runners)
+        blocks = a.reshape(a.shape[0], -1, 16)
+        err = np.abs(b - a).reshape(blocks.shape).max(-1)
+        assert 0 < err.max() and (err <= np.abs(blocks).max(-1) / 6 * (1 + 2 ** -4) + 1e-7).all(), role
+    tokens = [1, 40, 41, 42, 7]
+    assert runners[1].score(tokens).shape == (5, runners[0].decoder.vocab_size)
