@@ -48,6 +48,10 @@ _PACKED = re.compile(r"^(.*)\.weight_packed$")
 _LAYER = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
 
 
+def _is_weight_name(rest: str) -> bool:
+    return rest in LAYER_SUFFIXES or bool(_EXPERT.match(rest) or _SHARED_EXPERT.match(rest))
+
+
 @dataclass
 class LayerEntry:
     roles: dict = field(default_factory=dict)          # role -> TensorInfo
@@ -77,7 +81,7 @@ class TensorCatalog:
                 unexpected.append(t.name)
                 continue
             layer, rest = layers[int(m.group(1))], m.group(2)
-            if (packed := _PACKED.match(rest)) and packed.group(1) + ".weight" in LAYER_SUFFIXES:
+            if (packed := _PACKED.match(rest)) and _is_weight_name(packed.group(1) + ".weight"):
                 rest = packed.group(1) + ".weight"      # a compressed-tensors NVFP4 weight plays the same role
             scale = _SCALE.match(rest)
             if scale and scale.group(1) + ".weight" in LAYER_SUFFIXES:
