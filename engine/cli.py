@@ -100,8 +100,11 @@ def cmd_models(args) -> int:
     elif args.action == "import":
         if not args.path:
             raise SystemExit("hearth models import PATH")
+        if args.nvfp4 and not str(args.path).lower().endswith(".gguf"):
+            raise SystemExit("hearth: --nvfp4 keeps a GGUF at 4 bits; for a folder, import it and then run "
+                             "hearth quantize ID --format nvfp4")
         bar = ProgressBar()
-        if getattr(args, "nvfp4", False) and str(args.path).lower().endswith(".gguf"):
+        if args.nvfp4:
             from .quantize import import_gguf_as_nvfp4
 
             manifest = import_gguf_as_nvfp4(args.path, library=lib, progress=bar)

@@ -2,7 +2,10 @@
 from PySide6.QtCore import Qt
 
 from engine.library import ModelLibrary
-from test_app_e2e import started
+
+
+def started(qtbot, client):
+    qtbot.waitSignal(client.done, timeout=60_000, check_params_cb=lambda op, key: op == "start").wait()
 
 
 def test_quantize_action_then_inspect(qtbot, make_app, synth, tmp_path):
