@@ -232,6 +232,17 @@ class EngineWorker(QObject):
             self._emit_library()
         self._run("import", path, go)
 
+    @Slot(str)
+    def quantize(self, model_id: str) -> None:
+        """Write an NVFP4 copy of a library model into the library (engine.quantize)."""
+        def go():
+            from engine.quantize import quantize_model
+
+            manifest = quantize_model(model_id, library=self.engine.library, progress=self._progress_callback())
+            self.imported.emit(manifest)
+            self._emit_library()
+        self._run("quantize", model_id, go)
+
     @Slot(bool)
     def install_default(self, then_load: bool) -> None:
         def go():
@@ -473,6 +484,7 @@ class EngineClient(QObject):
     _plan = Signal(str)
     _set_context = Signal(str, int)
     _import = Signal(str)
+    _quantize = Signal(str)
     _install_default = Signal(bool)
     _remove = Signal(str)
     _load = Signal(str)
@@ -498,6 +510,7 @@ class EngineClient(QObject):
                               (self._inspect, self.worker.inspect), (self._plan, self.worker.plan_memory),
                               (self._set_context, self.worker.set_context),
                               (self._import, self.worker.import_path),
+                              (self._quantize, self.worker.quantize),
                               (self._install_default, self.worker.install_default),
                               (self._remove, self.worker.remove), (self._load, self.worker.load),
                               (self._unload, self.worker.unload), (self._generate, self.worker.generate),
@@ -525,6 +538,7 @@ class EngineClient(QObject):
     def plan_memory(self, key: str): self._plan.emit(key)
     def set_context(self, model_id: str, tokens: int): self._set_context.emit(model_id, tokens)
     def import_path(self, path: str): self._import.emit(path)
+    def quantize(self, model_id: str): self._quantize.emit(model_id)
     def install_default(self, then_load: bool = True): self._install_default.emit(then_load)
     def remove(self, model_id: str): self._remove.emit(model_id)
     def load(self, model_id: str): self._load.emit(model_id)

@@ -42,9 +42,15 @@ _EXPERT = re.compile(r"^(?:mlp|block_sparse_moe)\.experts\.(\d+)\.(gate_proj|up_
 _EXPERT_ROLE = {"gate_proj": "gate", "w1": "gate", "up_proj": "up", "w3": "up", "down_proj": "down", "w2": "down"}
 # Qwen2-MoE's always-on expert: roles shared_gate, shared_up, shared_down
 _SHARED_EXPERT = re.compile(r"^mlp\.shared_expert\.(gate_proj|up_proj|down_proj)\.weight$")
-# NVFP4 (ModelOpt) scales sit beside the weight they scale.
-_SCALE = re.compile(r"^(.*)\.(weight_scale_2|weight_scale|input_scale)$")
+# NVFP4 scales sit beside the weight they scale (ModelOpt: weight_scale_2, input_scale;
+# compressed-tensors: weight_global_scale, input_global_scale, and the weight itself is weight_packed).
+_SCALE = re.compile(r"^(.*)\.(weight_scale_2|weight_scale|input_scale|weight_global_scale|input_global_scale)$")
+_PACKED = re.compile(r"^(.*)\.weight_packed$")
 _LAYER = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
+
+
+def _is_weight_name(rest: str) -> bool:
+    return rest in LAYER_SUFFIXES or bool(_EXPERT.match(rest) or _SHARED_EXPERT.match(rest))
 
 
 @dataclass
@@ -76,6 +82,8 @@ class TensorCatalog:
                 unexpected.append(t.name)
                 continue
             layer, rest = layers[int(m.group(1))], m.group(2)
+            if (packed := _PACKED.match(rest)) and _is_weight_name(packed.group(1) + ".weight"):
+                rest = packed.group(1) + ".weight"      # a compressed-tensors NVFP4 weight plays the same role
             scale = _SCALE.match(rest)
             if scale and scale.group(1) + ".weight" in LAYER_SUFFIXES:
                 base = LAYER_SUFFIXES[scale.group(1) + ".weight"]

@@ -120,6 +120,7 @@ class CheckpointInfo:
     catalog: "TensorCatalog" = None
     plan: object = None        # ExecutionPlan, or None when unsupported (see plan_error)
     plan_error: str = ""
+    quant_scheme: object = None  # nvfp4_checkpoint.NvFp4Scheme when the checkpoint declares NVFP4
 
     @property
     def total_bytes(self) -> int:
@@ -139,14 +140,25 @@ class CheckpointInfo:
             self.__dict__["_tensor_index"] = cached
         return cached
 
+    def tensor_format(self, t: TensorInfo) -> tuple:
+        """(format, bits per weight) of one tensor: ("bf16", 16), ("nvfp4", 4.5), ("e4m3 block scale", 0) ..."""
+        from .nvfp4_checkpoint import tensor_format
+
+        return tensor_format(self.quant_scheme, t)
+
     def to_dict(self) -> dict:
+        tensors = []
+        for t in self.tensors:
+            fmt, bits = self.tensor_format(t)
+            tensors.append({**asdict(t), "shape": list(t.shape), "format": fmt, "bits_per_weight": bits})
         return {
             "path": str(self.path),
             "format": self.format,
             "files": dict(self.files),
             "total_bytes": self.total_bytes,
             "weight_bytes": self.weight_bytes,
-            "tensors": [{**asdict(t), "shape": list(t.shape)} for t in self.tensors],
+            "tensors": tensors,
+            "quantization_scheme": self.quant_scheme.to_dict() if self.quant_scheme is not None else None,
             "metadata": asdict(self.metadata),
             "decoder": {**asdict(self.decoder), "eos_token_ids": list(self.decoder.eos_token_ids)},
             "catalog": self.catalog.to_dict() if self.catalog is not None else None,
@@ -332,8 +344,18 @@ def inspect(path) -> CheckpointInfo:
     else:
         info = _inspect_folder(path)
     info.catalog = TensorCatalog.build(info.decoder, info.tensors)
+    scheme = info.quant_scheme
+    if scheme is not None and not scheme.unsupported:
+        from .nvfp4_checkpoint import pair
+
+        pair(info)      # malformed or missing scales are typed errors, as a truncated file is
     try:
-        info.plan = ExecutionPlan.discover(info.decoder, info.catalog, info.metadata.quantization)
+        plan = ExecutionPlan.discover(info.decoder, info.catalog, info.metadata.quantization)
+        if scheme is not None:
+            from .nvfp4_checkpoint import check_runnable
+
+            check_runnable(info)
+        info.plan = plan
     except HearthError as exc:
         info.plan, info.plan_error = None, exc.message
     return info
@@ -365,12 +387,17 @@ def _inspect_folder(folder: Path) -> CheckpointInfo:
     dtypes: dict = {}
     for t in tensors:
         dtypes[t.dtype] = dtypes.get(t.dtype, 0) + 1
+    from . import nvfp4_checkpoint
+
+    scheme = nvfp4_checkpoint.detect(folder, config, tensors)
     metadata = ModelMetadata(
         architecture=decoder.architecture,
         model_type=decoder.model_type,
-        parameter_count=sum(t.numel for t in tensors),
+        parameter_count=(nvfp4_checkpoint.parameter_count(scheme, tensors) if scheme is not None
+                         else sum(t.numel for t in tensors)),
         dtypes=dtypes,
-        quantization=_quantization(config, tensors),
+        quantization=("nvfp4" if scheme is not None and scheme.algorithm.startswith("NVFP4")
+                      else _quantization(config, tensors)),
         context_length=decoder.max_position_embeddings,
         vocab_size=decoder.vocab_size,
         tied_embeddings=decoder.tie_word_embeddings or not any(t.name == "lm_head.weight" for t in tensors),
@@ -378,4 +405,5 @@ def _inspect_folder(folder: Path) -> CheckpointInfo:
         has_chat_template=has_template,
     )
     all_files = {p.name: p.stat().st_size for p in sorted(folder.iterdir()) if p.is_file()}
-    return CheckpointInfo(folder, "safetensors", all_files, tensors, config, metadata, decoder)
+    return CheckpointInfo(folder, "safetensors", all_files, tensors, config, metadata, decoder,
+                          quant_scheme=scheme)

@@ -2,9 +2,10 @@
 
     hearth [app] [--model ID]      open the desktop app
     hearth inspect PATH [--json] [--plan [--context N] [--sessions N] [--precision fast|exact]]
-    hearth models list [--json] | import PATH | remove ID | default
+    hearth models list [--json] | import PATH [--nvfp4] | remove ID | default
     hearth generate MODEL --prompt TEXT [--chat] [--max-tokens N] [--temperature T] [--seed S] [--backend B] [--json]
     hearth chat MODEL
+    hearth quantize MODEL --format nvfp4 [--layout modelopt|compressed-tensors] [--id ID]
     hearth bench ...               (see `python -m engine.bench --help`)
 """
 from __future__ import annotations
@@ -91,6 +92,10 @@ def cmd_inspect(args) -> int:
     print(f"  rope             theta {d.rope_theta:g}   scaling {d.rope_scaling or 'none'}   norm eps {d.rms_norm_eps:g}")
     print(f"  tied embeddings  {m.tied_embeddings}   tokenizer {m.has_tokenizer}   chat template {m.has_chat_template}")
     print(f"  KV per token     {_size(d.kv_bytes_per_token(2))} (bf16)")
+    if info.quant_scheme is not None:
+        s = info.quant_scheme
+        print(f"  nvfp4            {s.layout}, blocks of {s.group_size}, activations {s.activations}, "
+              f"not quantized: {', '.join(s.exclusions) or 'nothing'}")
     if info.plan is not None:
         p = info.plan
         print(f"  plan             {p.family}: {p.archetype}, {p.attention}, {p.projection_format} projections")
@@ -119,8 +124,16 @@ def cmd_models(args) -> int:
     elif args.action == "import":
         if not args.path:
             raise SystemExit("hearth models import PATH")
+        if args.nvfp4 and not str(args.path).lower().endswith(".gguf"):
+            raise SystemExit("hearth: --nvfp4 keeps a GGUF at 4 bits; for a folder, import it and then run "
+                             "hearth quantize ID --format nvfp4")
         bar = ProgressBar()
-        manifest = lib.import_path(args.path, progress=bar)
+        if args.nvfp4:
+            from .quantize import import_gguf_as_nvfp4
+
+            manifest = import_gguf_as_nvfp4(args.path, library=lib, progress=bar)
+        else:
+            manifest = lib.import_path(args.path, progress=bar)
         bar.done()
         print(f"imported {manifest.id} -> {manifest.path}")
     elif args.action == "remove":
@@ -205,6 +218,19 @@ def cmd_chat(args) -> int:
             print("\n  [stopped]")
 
 
+def cmd_quantize(args) -> int:
+    from .library import ModelLibrary
+    from .quantize import quantize_model
+
+    bar = ProgressBar()
+    manifest = quantize_model(args.model, layout=args.layout, library=ModelLibrary(), progress=bar,
+                              model_id=args.id)
+    bar.done()
+    print(f"quantized {args.model} -> {manifest.id} ({manifest.quantization}, {_size(manifest.bytes)}) "
+          f"{manifest.path}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="hearth", description="Run language models on your own GPU.")
     sub = parser.add_subparsers(dest="command")
@@ -223,6 +249,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("action", choices=["list", "import", "remove", "default"])
     p.add_argument("path", nargs="?", help="a folder or .gguf to import, or the id to remove")
     p.add_argument("--json", action="store_true")
+    p.add_argument("--nvfp4", action="store_true",
+                   help="import a 4-bit GGUF as NVFP4 (4.5 bits per weight) instead of bf16; costs some quality")
     p.set_defaults(func=cmd_models)
 
     for name, func, helptext in (("generate", cmd_generate, "generate text once"),
@@ -246,6 +274,14 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--json", action="store_true")
         else:
             p.add_argument("--system", default=None, help="a system prompt")
+
+    p = sub.add_parser("quantize", help="write a 4-bit NVFP4 copy of a model into the library (weight-only, CPU)")
+    p.add_argument("model", help="a model id from the library, or a checkpoint folder")
+    p.add_argument("--format", default="nvfp4", choices=["nvfp4"])
+    p.add_argument("--layout", default="modelopt", choices=["modelopt", "compressed-tensors"],
+                   help="tensor names and scale convention of the new checkpoint (default modelopt)")
+    p.add_argument("--id", default=None, help="the new model's id (default: from its name)")
+    p.set_defaults(func=cmd_quantize)
 
     p = sub.add_parser("bench", help="measure decode and prefill speed", add_help=False)
     p.set_defaults(func=None)

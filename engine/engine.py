@@ -209,8 +209,13 @@ class Engine:
         return inspect_checkpoint(path)
 
     def _weight_bytes_resident(self, info: CheckpointInfo, backend: str) -> int:
-        numel = sum(t.numel for t in info.tensors)
         per = 4 if backend == "torch" and self.compute_dtype == "float32" else 2
+        if info.quant_scheme is not None:
+            from .nvfp4_checkpoint import resident_bytes
+
+            # torch dequantizes NVFP4 projections; a native engine keeps them packed
+            return resident_bytes(info, per, packed=backend == "cuda-native")
+        numel = sum(t.numel for t in info.tensors)
         return numel * per
 
     def memory_plan(self, path_or_id, context_length: Optional[int] = None,

@@ -211,7 +211,10 @@ class MemoryPlan:
 def check_dtypes_loadable(info) -> None:
     """Refuse tensor types no backend can load, naming the first offender."""
     loadable = {"BF16", "F16", "F32"}
+    scheme = getattr(info, "quant_scheme", None)
     for t in info.tensors:
+        if scheme is not None and t.dtype in ("U8", "F8_E4M3"):
+            continue            # NVFP4 packed weights and block scales, paired and checked at inspection
         if t.dtype not in loadable:
             raise UnsupportedTensorType(
                 f"Tensor {t.name} is {t.dtype}; Hearth loads bf16, fp16 and fp32 safetensors. "

@@ -21,11 +21,20 @@ class TensorTableModel(QAbstractTableModel):
     def __init__(self, parent=None):
         super().__init__(parent)
         self.tensors: list = []
+        self.formats: dict = {}      # name -> (format, bits per weight) where it says more than the dtype
 
-    def set_tensors(self, tensors) -> None:
+    def set_tensors(self, tensors, formats=None) -> None:
         self.beginResetModel()
         self.tensors = list(tensors)
+        self.formats = dict(formats or {})
         self.endResetModel()
+
+    def dtype_text(self, t) -> str:
+        """The dtype, and for quantized checkpoints what it holds: "U8 · nvfp4 4.5 bpw"."""
+        fmt = self.formats.get(t.name)
+        if not fmt or fmt[0] == t.dtype.lower():
+            return t.dtype
+        return f"{t.dtype} · {fmt[0]}" + (f" {fmt[1]:.2f} bpw" if fmt[1] else "")
 
     def rowCount(self, parent=QModelIndex()):
         return 0 if parent.isValid() else len(self.tensors)
@@ -44,7 +53,7 @@ class TensorTableModel(QAbstractTableModel):
         t = self.tensors[index.row()]
         col = index.column()
         if role == Qt.DisplayRole:
-            return (t.name, t.dtype, " × ".join(str(d) for d in t.shape), human_bytes(t.bytes), t.file)[col]
+            return (t.name, self.dtype_text(t), " × ".join(str(d) for d in t.shape), human_bytes(t.bytes), t.file)[col]
         if role == Qt.UserRole:   # sort keys
             return (t.name, t.dtype, tuple(t.shape), t.bytes, t.file)[col]
         if role == Qt.TextAlignmentRole and col == 3:
@@ -261,7 +270,7 @@ class Inspector(QWidget):
             ("Tokenizer", _value(meta.get("has_tokenizer"))),
             ("Chat template", _value(meta.get("has_chat_template"))),
             ("Files", _value(len(getattr(info, "files", {}) or {}))),
-        ])
+        ] + self._scheme_rows(getattr(info, "quant_scheme", None)))
         kv = None
         if hasattr(info.decoder, "kv_bytes_per_token"):
             try:
@@ -289,8 +298,17 @@ class Inspector(QWidget):
         rows.append(("KV cache per token", f"{human_bytes(kv)} ({kv:,} bytes, bf16)" if kv else "—"))
         self._fill(self.plan_form, rows)
         self._fill(self.decoder_form, [(k.replace("_", " "), _value(v)) for k, v in dec.items()])
-        self.tensor_model.set_tensors(info.tensors)
+        formats = ({t.name: info.tensor_format(t) for t in info.tensors}
+                   if getattr(info, "quant_scheme", None) is not None and hasattr(info, "tensor_format") else {})
+        self.tensor_model.set_tensors(info.tensors, formats)
         self._filter(self.filter.text())
+
+    @staticmethod
+    def _scheme_rows(scheme) -> list:
+        if scheme is None:
+            return []
+        return [("NVFP4 layout", f"{scheme.layout}, blocks of {scheme.group_size}, activations {scheme.activations}"),
+                ("Not quantized", _value(list(scheme.exclusions)))]
 
     def _filter(self, text: str) -> None:
         self.proxy.set_text(text)

@@ -73,8 +73,8 @@ class LoadProgress(QFrame):
     def _render_stages(self, current: str, detail: str = "") -> None:
         from .. import theme
         t = theme.current()
-        if current == "importing":
-            text = f"<b style='color:{t.accent}'>Importing</b>"
+        if current in ("importing", "quantizing"):
+            text = f"<b style='color:{t.accent}'>{current.capitalize()}</b>"
         else:
             parts = []
             index = STAGES.index(current) if current in STAGES else -1

@@ -64,6 +64,7 @@ class ModelManager(QWidget):
     import_requested = Signal(str)
     install_default_requested = Signal()
     remove_requested = Signal(str)
+    quantize_requested = Signal(str)
     load_requested = Signal(str)
     unload_requested = Signal(str)
     inspect_requested = Signal(str)
@@ -151,7 +152,13 @@ class ModelManager(QWidget):
         self.load_button.setObjectName("primary")
         self.load_button.setAccessibleName("Load the selected model")
         self.load_button.clicked.connect(self._load)
-        for b in (self.inspect_button, self.remove_button, self.unload_button, self.load_button):
+        self.quantize_button = QPushButton("Quantize to NVFP4")
+        self.quantize_button.setAccessibleName("Write a 4-bit NVFP4 copy of the selected model")
+        self.quantize_button.setToolTip("Adds a 4-bit copy (NVFP4, weight-only) to the library; the original stays. "
+                                        "Smaller and a little less accurate.")
+        self.quantize_button.clicked.connect(lambda: self._emit_selected(self.quantize_requested))
+        for b in (self.inspect_button, self.quantize_button, self.remove_button, self.unload_button,
+                  self.load_button):
             row.addWidget(b)
         card.addLayout(row)
         self.path_label = QLabel("")
@@ -289,6 +296,7 @@ class ModelManager(QWidget):
             b.setEnabled(not self.busy)
         self.inspect_button.setEnabled(row is not None)
         self.remove_button.setEnabled(row is not None and not self.busy)
+        self.quantize_button.setEnabled(row is not None and not self.busy and row.quantization != "nvfp4")
         self.load_button.setEnabled(row is not None and not row.loaded and not self.busy)
         self.unload_button.setEnabled(row is not None and row.loaded and not self.busy)
         self.context_box.setEnabled(row is not None and not row.loaded and not self.busy)

@@ -206,6 +206,7 @@ class MainWindow(QMainWindow):
         m.import_requested.connect(self.import_path)
         m.install_default_requested.connect(lambda: self.client.install_default(False))
         m.remove_requested.connect(self.client.remove)
+        m.quantize_requested.connect(self.client.quantize)
         m.load_requested.connect(self.load_model)
         m.unload_requested.connect(self.client.unload)
         m.inspect_requested.connect(self.inspect)
@@ -342,20 +343,19 @@ class MainWindow(QMainWindow):
                               "fits in memory, then Load.")
 
     def _op_started(self, op: str, key: str) -> None:
-        if op in ("load", "import", "install-default"):
+        if op in ("load", "import", "install-default", "quantize"):
             row = self.library.row(key)
             name = row.name if row else Path(key).name or key
             title = {"load": f"Loading {name}", "import": f"Importing {name}",
-                     "install-default": "Installing the default model"}[op]
+                     "install-default": "Installing the default model", "quantize": f"Quantizing {name} to NVFP4"}[op]
             self.load_progress.begin(title, importing=op != "load")
             self.manager.set_busy(True)
         if op == "load":
             self.banner.hide()
 
     def _op_done(self, op: str, key: str) -> None:
-        if op in ("load", "import", "install-default"):
-            if "load" not in self.client.busy and "import" not in self.client.busy and \
-                    "install-default" not in self.client.busy:
+        if op in ("load", "import", "install-default", "quantize"):
+            if not {"load", "import", "install-default", "quantize"} & set(self.client.busy):
                 self.load_progress.end()
                 self.manager.set_busy(False)
         if op == "generate":

@@ -191,6 +191,10 @@ class CudaRunner(ModelRunner):
         self.options = options
         if info.format != "safetensors":
             raise UnsupportedTensorType("The cuda-native backend loads safetensors checkpoints.")
+        if info.quant_scheme is not None:
+            raise UnsupportedTensorType(
+                "The cuda-native backend does not run NVFP4 weights yet (its kernels are not written); "
+                "the torch backend runs this model by dequantizing them (--backend torch).")
         config = _model_config(info, options.precision)
         placements = _placements(info)
         for _, _, t, _ in placements:

@@ -18,6 +18,8 @@ import torch.nn.functional as F
 from ..checkpoint import CheckpointInfo, DecoderConfig
 from ..errors import ContextOverflow, UnknownSession, UnsupportedArchitecture
 from ..moe import MoeWeights, feed_forward as moe_feed_forward
+from ..nvfp4 import NvFp4Tensor
+from ..nvfp4_checkpoint import pair, read_layer
 from ..plan import ExecutionPlan
 from ..progress import ByteCounter, LOADING_WEIGHTS, ProgressCallback
 from ..registry import RUNNABLE_ARCHETYPES
@@ -113,7 +115,13 @@ class TorchRunner(ModelRunner):
         counter = ByteCounter(progress, LOADING_WEIGHTS, info.weight_bytes)
         counter.start("reading weights")
         self.weight_bytes = 0
+        packed = pair(info).layers if info.quant_scheme is not None else [{} for _ in catalog.layers]
         with TensorReader(info) as reader:
+            def dequantized(t: NvFp4Tensor) -> torch.Tensor:
+                value = torch.from_numpy(t.dequantize()).to(device=self.device, dtype=self.dtype)
+                self.weight_bytes += value.numel() * value.element_size()
+                return value
+
             def take(t):
                 staging = torch.empty(t.bytes, dtype=torch.uint8)
                 reader.read_into(t, memoryview(staging.numpy()))
@@ -125,9 +133,13 @@ class TorchRunner(ModelRunner):
 
             self.embed = take(catalog.globals["embed"])
             self.layers = []
-            for i, entry in enumerate(catalog.layers):
+            for i, (entry, nvfp4_roles) in enumerate(zip(catalog.layers, packed)):
                 moe_layer = self.decoder.moe is not None and self.decoder.moe.is_moe_layer(i)
-                tensors = {role: take(t) for role, t in entry.roles.items() if role in _Layer.__dataclass_fields__}
+                # NVFP4 projections dequantize to the compute dtype, fused groups (q/k/v, gate/up)
+                # over one global scale as the native engine holds them: the oracle for its kernels.
+                nvfp4 = read_layer(reader, nvfp4_roles, counter.advance)
+                tensors = {role: dequantized(nvfp4[role]) if role in nvfp4 else take(t)
+                           for role, t in entry.roles.items() if role in _Layer.__dataclass_fields__}
                 if moe_layer:       # router, experts and shared expert: moe.MoeWeights
                     tensors["moe"] = self._moe_weights(entry, take)
                 self.layers.append(_Layer(**tensors))
