@@ -57,8 +57,9 @@ def _runners(path, context=1024):
     from engine.checkpoint import inspect
 
     info = inspect(path)
-    ref = torch_ref.load_runner(info, info.plan, RunnerOptions(context_length=context, compute_dtype="float32",
-                                                               kv_dtype="bfloat16"), device="cuda")
+    # fp32 compute and fp32 K / V: the reference the fast precision's bar is measured against
+    ref = torch_ref.load_runner(info, info.plan, RunnerOptions(context_length=context, compute_dtype="float32"),
+                                device="cuda")
     try:
         ours = cuda_native.load_runner(info, info.plan, RunnerOptions(context_length=context, max_batch=16))
     except BaseException:
@@ -67,23 +68,69 @@ def _runners(path, context=1024):
     return info, ours, ref
 
 
+_HF_NAMES = {"q": "self_attn.q_proj.weight", "k": "self_attn.k_proj.weight", "v": "self_attn.v_proj.weight",
+             "o": "self_attn.o_proj.weight", "gate": "mlp.gate_proj.weight", "up": "mlp.up_proj.weight",
+             "down": "mlp.down_proj.weight", "attn_norm": "input_layernorm.weight",
+             "mlp_norm": "post_attention_layernorm.weight", "q_norm": "self_attn.q_norm.weight",
+             "k_norm": "self_attn.k_norm.weight", "q_bias": "self_attn.q_proj.bias",
+             "k_bias": "self_attn.k_proj.bias", "v_bias": "self_attn.v_proj.bias"}
+
+
+def _hf_bf16_on_the_dequantized_weights(info, ref, tokens, out_dir) -> np.ndarray:
+    """The issue's bar: transformers in bf16 on the dequantized checkpoint. The reference runner's fp32
+    weights (the dequantized NVFP4 values) are written as a plain bf16 checkpoint beside its config."""
+    import json
+
+    from safetensors.torch import save_file
+
+    transformers = pytest.importorskip("transformers")
+    tensors = {"model.embed_tokens.weight": ref.embed, "model.norm.weight": ref.final_norm}
+    if ref.lm_head is not ref.embed:
+        tensors["lm_head.weight"] = ref.lm_head
+    for i, layer in enumerate(ref.layers):
+        for role, name in _HF_NAMES.items():
+            value = getattr(layer, role)
+            if value is not None:
+                tensors[f"model.layers.{i}.{name}"] = value
+    out_dir.mkdir(parents=True, exist_ok=True)
+    save_file({k: v.detach().to(torch.bfloat16).contiguous().cpu() for k, v in tensors.items()},
+              str(out_dir / "model.safetensors"))
+    config = dict(info.config)
+    config.pop("quantization_config", None)
+    (out_dir / "config.json").write_text(json.dumps(config))
+    hf = transformers.AutoModelForCausalLM.from_pretrained(str(out_dir), dtype=torch.bfloat16).cuda().eval()
+    with torch.no_grad():
+        logits = hf(torch.tensor([tokens], device="cuda")).logits[0].float().cpu().numpy()
+    del hf
+    gc.collect()
+    torch.cuda.empty_cache()
+    return logits
+
+
 def _compare(ours, ref):
     rel = float(np.linalg.norm(ours.astype(np.float64) - ref) / np.linalg.norm(ref.astype(np.float64)))
     return rel, float(np.mean(ours.argmax(-1) == ref.argmax(-1)))
 
 
 @pytest.mark.parametrize("shape,layout", CASES)
-def test_nvfp4_logits_match_the_torch_reference(shape, layout, nvfp4_dir):
+def test_nvfp4_logits_match_the_torch_reference(shape, layout, nvfp4_dir, tmp_path, record_property):
+    """Teacher-forced logits over 512 tokens against the fp32 reference on the same dequantized
+    weights, at the fast precision's bar: no further from it than transformers in bf16 on the
+    dequantized checkpoint, measured here; then decode rows at 1, 6 and 12 rows within 2e-2."""
     info, ours, ref = _runners(nvfp4_dir(shape, layout))
     try:
         tokens = np.random.default_rng(7).integers(0, info.decoder.vocab_size, 512).tolist()
         expected = ref.score(tokens)
+        hf_rel, hf_top1 = _compare(_hf_bf16_on_the_dequantized_weights(info, ref, tokens, tmp_path / "bf16"),
+                                   expected)
         got = ours.score(tokens)
         rel, top1 = _compare(got, expected)
-        print(f"\n[{shape} nvfp4 {layout}] teacher-forced 512 tokens vs torch: rel {rel:.3e}, top-1 {top1 * 100:.2f}%")
-        # the bar: the bf16 runner's 2e-2, and top-1 at 97 % (transformers in bf16 on these random shapes:
-        # 2.9e-2 on the 1B, docs/BENCHMARKS.md)
-        assert np.isfinite(got).all() and rel <= 2e-2 and top1 >= 0.97
+        print(f"\n[{shape} nvfp4 {layout}] teacher-forced 512 tokens vs torch fp32: rel {rel:.3e}, top-1 "
+              f"{top1 * 100:.2f}%; transformers bf16 on the dequantized weights: rel {hf_rel:.3e}, "
+              f"top-1 {hf_top1 * 100:.2f}%")
+        record_property("rel_error", rel)
+        record_property("hf_bf16_rel_error", hf_rel)
+        assert np.isfinite(got).all() and rel <= hf_rel
         # prefill then decode (the GEMV path) reproduce the teacher-forced rows
         seq = ours.allocate_sequence()
         ours.prefill(seq, tokens[:500])
