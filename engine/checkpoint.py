@@ -320,6 +320,11 @@ def _inspect_folder(folder: Path) -> CheckpointInfo:
     tensors: list[TensorInfo] = []
     for file in files:
         tensors.extend(read_safetensors_header(file))
+    seen: dict = {}
+    for t in tensors:
+        if seen.setdefault(t.name, t.file) != t.file:
+            raise CorruptCheckpoint(f"Tensor {t.name} is in both {seen[t.name]} and {t.file}; the shards "
+                                    "belong to different downloads.")
     _check_shard_index(folder, tensors)
     decoder = decoder_config_from_hf(config)
     settings = validate.optional_json(folder / "tokenizer_config.json", "tokenizer settings") or {}
