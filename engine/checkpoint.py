@@ -347,6 +347,10 @@ def _inspect_folder(folder: Path) -> CheckpointInfo:
         dtypes[t.dtype] = dtypes.get(t.dtype, 0) + 1
     from . import nvfp4_checkpoint
 
+    validate.quantization_settings(config.get("quantization_config"), "config.json")
+    hf_quant = validate.optional_json(folder / "hf_quant_config.json", "quantization settings")
+    if hf_quant is not None:
+        validate.quantization_settings(hf_quant.get("quantization"), "hf_quant_config.json")
     scheme = nvfp4_checkpoint.detect(folder, config, tensors)
     metadata = ModelMetadata(
         architecture=decoder.architecture,

@@ -317,6 +317,42 @@ def generation_settings(settings: dict, file: str = "generation_config.json") ->
         raise CorruptCheckpoint(exc.message) from None
 
 
+def quantization_settings(settings, file: str) -> None:
+    """quantization_config (config.json) or hf_quant_config.json's "quantization": the shapes the
+    NVFP4 reader (engine/nvfp4_checkpoint.py) walks: objects where it looks up keys, lists of module
+    names, whole numbers for sizes."""
+    if settings is None:
+        return
+    if not isinstance(settings, dict):
+        raise CorruptCheckpoint(f"{file}: the quantization settings should be an object but are {_show(settings)}.")
+
+    def fail(what):
+        raise CorruptCheckpoint(f"{file}: the quantization settings' {what}.")
+
+    for key in ("quant_algo", "quant_method", "format"):
+        if settings.get(key) is not None and not isinstance(settings[key], str):
+            fail(f"{key} should be a name but is {_show(settings[key])}")
+    for key in ("ignore", "exclude_modules"):
+        value = settings.get(key)
+        if value is not None and not (isinstance(value, list) and all(isinstance(v, str) for v in value)):
+            fail(f"{key} should be a list of module names but is {_show(value)}")
+    kv = settings.get("kv_cache_scheme") or settings.get("kv_cache_quant_algo")
+    if kv is not None and not isinstance(kv, (str, dict)):
+        fail(f"KV-cache scheme should be a name or an object but is {_show(kv)}")
+    groups = settings.get("config_groups")
+    if groups is not None and not isinstance(groups, dict):
+        fail(f"config_groups should be an object but is {_show(groups)}")
+    for name, group in (groups or {}).items():
+        if not isinstance(group, dict):
+            continue
+        for part in ("weights", "input_activations"):
+            value = group.get(part)
+            if value is not None and not isinstance(value, dict):
+                fail(f"{part} of group {name} should be an object but is {_show(value)}")
+        if group.get("format") is not None and not isinstance(group["format"], str):
+            fail(f"format of group {name} should be a name but is {_show(group['format'])}")
+
+
 def shard_index(index: dict, folder: Path) -> dict:
     """weight_map of model.safetensors.index.json: tensor name -> a shard file inside the folder."""
     weight_map = index.get("weight_map")

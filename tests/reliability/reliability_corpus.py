@@ -132,7 +132,7 @@ def gguf_bytes(kv: list, tensors: list, version: int = 3, magic: bytes = b"GGUF"
         at = t.get("offset", offset)
         infos += _s(t["name"]) + struct.pack("<I", t.get("n_dims", len(t["dims"])))
         infos += b"".join(struct.pack("<Q", d) for d in t["dims"]) + struct.pack("<IQ", t["type"], at)
-        if at < 1 << 30:        # an offset past any file keeps its data out of this one
+        if at < 1 << 24:        # an offset past any small file keeps its data out of this one
             blobs.append((at, t["data"]))
         offset = at + len(t["data"])
         offset += -offset % alignment

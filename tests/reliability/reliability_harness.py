@@ -55,6 +55,9 @@ def run_watched(command: list, items: list, timeout_s: float = 120.0, env: dict 
                 break
             if line.startswith("start "):
                 current = line[6:].strip()
+            elif line.startswith("hang ") and current is not None:     # the child's own watchdog fired
+                results[current] = {"hang": True, **json.loads(line[5:])}
+                current = None
             elif line.startswith("result "):
                 results[current] = json.loads(line[7:])
                 current = None
