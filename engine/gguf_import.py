@@ -495,9 +495,14 @@ def convert_gguf(gguf_path, out_dir, progress: Optional[ProgressCallback] = None
 
     counter = ByteCounter(progress, IMPORTING, sum(int(t.n_bytes) for t in reader.tensors))
     counter.start(gguf_path.name)
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = out_dir.parent / f".{out_dir.name}.importing-{uuid.uuid4().hex[:8]}"
-    tmp.mkdir()
+    try:
+        out_dir.parent.mkdir(parents=True, exist_ok=True)
+        tmp.mkdir()
+    except OSError as e:
+        from .library import write_failure
+
+        raise ImportFailed(f"Cannot import {gguf_path.name} into {out_dir.parent}: {write_failure(e, out_dir.parent)}.") from e
     try:
         config = info.config
         _write_json(tmp / "config.json", config)
@@ -513,7 +518,9 @@ def convert_gguf(gguf_path, out_dir, progress: Optional[ProgressCallback] = None
         shutil.rmtree(tmp, ignore_errors=True)
         if isinstance(e, HearthError) or not isinstance(e, Exception):
             raise
-        raise ImportFailed(f"Importing {gguf_path.name} failed: {e}") from e
+        from .library import write_failure
+
+        raise ImportFailed(f"Importing {gguf_path.name} failed: {write_failure(e, out_dir.parent)}.") from e
     return info
 
 
