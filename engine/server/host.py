@@ -50,6 +50,7 @@ class EngineHost:
         self.listeners: list[Callable[[RequestRecord], None]] = []
         self.active = 0
         self._active_lock = threading.Lock()
+        self.finished: deque = deque(maxlen=log_size)   # GenerationStats of every reply, cancelled ones too
 
     # ----------------------------------------------------------------------------- models
     def served_models(self) -> list[dict]:
@@ -95,6 +96,8 @@ class EngineHost:
             try:
                 for event in self.engine.generate_tokens(model_id, tokens, params, cancel=cancel,
                                                          constraint=constraint):
+                    if isinstance(event, Finished):
+                        self.finished.append(event.stats)
                     put(("event", event))
             except BaseException as exc:            # noqa: BLE001 - handed to the request
                 put(("error", exc))
