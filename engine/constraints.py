@@ -102,7 +102,9 @@ class ConstraintFactory:
             raise InvalidOption("A JSON schema must be a JSON object.")
         llg = _llguidance()
         try:
-            grammar = llg.LLMatcher.grammar_from_json_schema(json.dumps(schema))
+            # compact JSON: a small model left free to emit whitespace can loop on newlines forever
+            grammar = llg.LLMatcher.grammar_from_json_schema(json.dumps(schema),
+                                                             overrides={"whitespace_flexible": False})
         except (ValueError, TypeError) as exc:
             raise InvalidOption(f"The JSON schema cannot be used for structured output: {exc}") from None
         return self._matcher(grammar, "JSON schema")
