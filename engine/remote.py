@@ -133,8 +133,9 @@ class RemoteClient:
             raise RemoteRefused(f"{self.base_url}/models did not answer with an OpenAI model list.") from None
 
     def chat_stream(self, model: str, messages: list, params: SamplingParams = SamplingParams(),
-                    cancel: Optional[threading.Event] = None, extra: Optional[dict] = None) -> Iterator:
-        """Stream one reply as TextDelta events and a closing Finished (client-side metrics)."""
+                    cancel=None, extra: Optional[dict] = None) -> Iterator:
+        """Stream one reply as TextDelta events and a closing Finished (client-side metrics).
+        `cancel` (a threading.Event or a callable) is checked at every event: the reply stops there."""
         httpx = _httpx()
         body = {"model": model, "messages": messages, "stream": True, "stream_options": {"include_usage": True},
                 "temperature": params.temperature, "top_p": params.top_p, "max_tokens": params.max_tokens}
@@ -151,8 +152,9 @@ class RemoteClient:
                 if r.status_code != 200:
                     raise self._refusal(r.status_code, r.read())
                 try:
+                    stopped = getattr(cancel, "is_set", cancel)      # an Event or a callable
                     for line in r.iter_lines():
-                        if cancel is not None and cancel.is_set():
+                        if stopped is not None and stopped():
                             reason = "cancelled"
                             break
                         if not line.startswith("data:"):
@@ -239,8 +241,8 @@ class RemoteEndpoints:
     def add(self, name: str, base_url: str, api_key: Optional[str] = None) -> RemoteEndpoint:
         """Add or replace an endpoint. The key goes to the keyring; without one, KeyringUnavailable
         is raised after the endpoint is saved and the key kept for this session only."""
-        if not name or not name.strip():
-            raise InvalidOption("A remote endpoint needs a name.")
+        if not name or not name.strip() or "/" in name:
+            raise InvalidOption("A remote endpoint needs a name without '/'.")
         endpoint = RemoteEndpoint(name.strip(), normalize_base_url(base_url), bool(api_key))
         self._write([e for e in self.list() if e.name != endpoint.name] + [endpoint])
         if api_key:
@@ -270,6 +272,30 @@ class RemoteEndpoints:
     def client(self, name: str, timeout: float = DEFAULT_TIMEOUT) -> RemoteClient:
         endpoint = self.get(name)
         return RemoteClient(endpoint.base_url, self.key(name), timeout=timeout)
+
+    def chat_stream(self, ref: str, messages: list, params: SamplingParams = SamplingParams(), cancel=None):
+        """Stream a reply from a remote model named by its reference ("remote:ENDPOINT/MODEL")."""
+        name, model = split_ref(ref)
+        return self.client(name).chat_stream(model, messages, params, cancel=cancel)
+
+
+REMOTE_PREFIX = "remote:"
+
+
+def model_ref(endpoint: str, model: str) -> str:
+    """How a remote model is named among local ones: "remote:ENDPOINT/MODEL"."""
+    return f"{REMOTE_PREFIX}{endpoint}/{model}"
+
+
+def is_remote(model_id) -> bool:
+    return str(model_id).startswith(REMOTE_PREFIX)
+
+
+def split_ref(ref: str) -> tuple[str, str]:
+    if not is_remote(ref) or "/" not in ref:
+        raise InvalidOption(f"{ref!r} does not name a remote model (remote:ENDPOINT/MODEL).")
+    name, model = ref[len(REMOTE_PREFIX):].split("/", 1)
+    return name, model
 
 
 def _keyring():
