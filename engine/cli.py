@@ -342,6 +342,10 @@ def main(argv: Optional[list] = None) -> int:
         from app.main import main as app_main  # the desktop app; engine/ itself never imports Qt
 
         return app_main(argv[1:])
+    if argv[0] == "bench" and "--serve" in argv:   # HTTP against in-process batching (engine/server/bench.py)
+        from .server.bench import main as serve_bench_main
+
+        return serve_bench_main(argv[1:])
     if argv[0] == "bench":
         from .bench import main as bench_main
 
