@@ -20,6 +20,7 @@ from ..widgets.composer import Composer
 from ..widgets.inspector import Inspector
 from ..widgets.load_progress import LoadProgress
 from ..widgets.model_manager import ModelManager
+from ..widgets.server_panel import ServerPanel
 from ..widgets.session_list import SessionList
 from ..widgets.settings_panel import DEFAULT_PARAMS, SettingsPanel
 from ..worker import DEFAULT_MODEL_ID, EngineClient
@@ -27,6 +28,7 @@ from ..worker import DEFAULT_MODEL_ID, EngineClient
 log = logging.getLogger("hearth.app")
 RESOURCES = Path(__file__).resolve().parents[2] / "resources"
 CHAT, MODELS, INSPECT = 0, 1, 2
+SERVER = 3
 
 
 class ElidedLabel(QLabel):
@@ -107,6 +109,15 @@ class MainWindow(QMainWindow):
             b.setToolButtonStyle(Qt.ToolButtonTextOnly)
             self.nav.addButton(b, index)
             rl.addWidget(b)
+        server_button = QToolButton()          # the server and remote endpoints (server_panel.py)
+        server_button.setObjectName("railButton")
+        server_button.setText("Server")
+        server_button.setToolTip("Local server and remote endpoints")
+        server_button.setAccessibleName("Local server and remote endpoints")
+        server_button.setCheckable(True)
+        server_button.setToolButtonStyle(Qt.ToolButtonTextOnly)
+        self.nav.addButton(server_button, SERVER)
+        rl.addWidget(server_button)
         rl.addStretch(1)
         root.addWidget(rail)
 
@@ -172,6 +183,8 @@ class MainWindow(QMainWindow):
         self.pages.addWidget(self.manager)
         self.inspector = Inspector()
         self.pages.addWidget(self.inspector)
+        self.server_panel = ServerPanel()
+        self.pages.addWidget(self.server_panel)
         self.setCentralWidget(central)
 
         self.backend_label = QLabel("Starting engine…")
@@ -213,6 +226,8 @@ class MainWindow(QMainWindow):
         m.selection_changed.connect(self._plan_if_needed)
         m.context_changed.connect(self._context_changed)
         self.inspector.inspect_path_requested.connect(self.inspect)
+        self.server_panel.attach(self.client)
+        self.server_panel.remote_models_changed.connect(lambda _models: self._refresh_model_combo())
 
         s = self.sessions
         s.new_requested.connect(self.new_chat)
@@ -424,6 +439,8 @@ class MainWindow(QMainWindow):
         self.model_combo.clear()
         for row in self.library.loaded_rows():
             self.model_combo.addItem(row.name, row.id)
+        for ref, label in self.server_panel.remote_models:   # remote endpoints' models
+            self.model_combo.addItem(label, ref)
         index = self.model_combo.findData(current)
         if index >= 0:
             self.model_combo.setCurrentIndex(index)
