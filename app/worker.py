@@ -35,6 +35,21 @@ PARAM_FIELDS = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty", 
 DEFAULT_MODEL_ID = "smollm2-135m-instruct"
 
 
+def plain_backend_note(backend: str, note: str, build: Optional[dict]) -> str:
+    """What the status bar says about where replies run, in words a user understands.
+
+    The CUDA runtime's own reason ("CUDA driver version is insufficient for CUDA runtime version")
+    is what a machine with no NVIDIA GPU at all reports; it belongs in the diagnostics, not here.
+    """
+    if backend != "torch" or build is None:
+        return note
+    if not build.get("cuda_compiled"):
+        return "this build has no GPU support, so replies run on the CPU (slower)"
+    if not build.get("device_count"):
+        return "no NVIDIA GPU found, so replies run on the CPU (slower)"
+    return note
+
+
 def stats_dict(stats) -> dict:
     if stats is None:
         return {}
@@ -83,7 +98,9 @@ class EngineWorker(QObject):
     loaded = Signal(object)                 # ModelHandle
     unloaded = Signal(str)                  # model id
     token = Signal(str, str)                # chat id, text (coalesced: at most one per frame)
-    metrics = Signal(str, object)           # chat id, live {"ttft_s", "tokens", "tokens_per_s"}
+    metrics = Signal(str, object)           # chat id, live {"ttft_s", "tokens", "tokens_per_s", "context_used",
+    #                                         "context_limit"}
+    context_counted = Signal(str, object)   # chat id, {"context_used", "context_limit"} (count_context)
     finished = Signal(str, object)          # chat id, stats dict
 
     def __init__(self, engine_factory=None):
@@ -116,6 +133,17 @@ class EngineWorker(QObject):
             except Exception:  # the session may have just finished
                 log.debug("cancel after finish", exc_info=True)
 
+    def reply_progress(self, chat_id: str) -> Optional[dict]:
+        """The reply being written for this chat: its prompt read so far, tokens, context (any thread)."""
+        with self._lock:
+            active = self._active
+        if active is None or active.request.chat_id != chat_id or self.engine is None:
+            return None
+        try:
+            return self.engine.reply_progress(active.sid)
+        except Exception:   # the session ended between the two reads
+            return None
+
     # ---------------------------------------------------------------- slots (worker thread)
     def _run(self, op: str, key: str, fn) -> None:
         self.started.emit(op, key)
@@ -144,7 +172,12 @@ class EngineWorker(QObject):
                 self.engine = Engine(backend=backend or "auto", home=home or None)
             name = str(getattr(self.engine, "backend", None) or getattr(self.engine, "backend_name", None)
                        or backend or "auto")
-            note = getattr(self.engine, "backend_note", "")
+            try:
+                from engine import _native
+                build = _native.build_info()
+            except Exception:
+                build = None
+            note = plain_backend_note(name, getattr(self.engine, "backend_note", ""), build)
             self.ready.emit(f"{name} ({note})" if note else name)
             self._emit_library()
             self._warm_imports(name)
@@ -227,6 +260,9 @@ class EngineWorker(QObject):
     @Slot(str)
     def import_path(self, path: str) -> None:
         def go():
+            check = getattr(self.engine, "check_importable", None)
+            if check is not None:     # an architecture Hearth cannot run is refused before any copy
+                check(path)
             manifest = self.engine.library.import_path(path, progress=self._progress_callback())
             self.imported.emit(manifest)
             self._emit_library()
@@ -292,6 +328,19 @@ class EngineWorker(QObject):
             log.debug("clear_sessions", exc_info=True)
         self.engine.unload(model_id)
         self.unloaded.emit(model_id)
+
+    @Slot(str, str, str, object)
+    def count_context(self, chat_id: str, model_id: str, system_prompt: str, turns) -> None:
+        """How much of the model's context this conversation takes (a reopened chat whose last reply
+        was cut off has no stats to say so)."""
+        def go():
+            if not any(h.id == model_id for h in self.engine.loaded_models()):
+                return
+            prefix = [{"role": "system", "content": system_prompt}] if system_prompt else []
+            tokens = self.engine.conversation_tokens(model_id, prefix + list(turns), add_generation_prompt=False)
+            self.context_counted.emit(chat_id, {"context_used": len(tokens),
+                                                "context_limit": self.engine.context_limit(model_id)})
+        self._run("count", chat_id, go)
 
     @Slot(str)
     def release_chat(self, chat_id: str) -> None:
@@ -423,6 +472,11 @@ class EngineWorker(QObject):
             span = gen.t_last_emit - gen.t_first
             if gen.tokens > 1 and span > 0:
                 live["tokens_per_s"] = (gen.tokens - 1) / span
+        try:
+            progress = self.engine.reply_progress(gen.sid)
+            live["context_used"], live["context_limit"] = progress["context_used"], progress["context_limit"]
+        except Exception:   # an engine without reply_progress (or the session just ended)
+            pass
         self.metrics.emit(gen.request.chat_id, live)
 
     def _end(self, gen: _Generation, stats: Optional[dict]) -> None:
@@ -476,6 +530,7 @@ class EngineClient(QObject):
     token = Signal(str, str)
     metrics = Signal(str, object)
     finished = Signal(str, object)
+    context_counted = Signal(str, object)
 
     # requests, delivered to the worker's slots in its thread (queued)
     _start_engine = Signal(str, str)
@@ -491,10 +546,12 @@ class EngineClient(QObject):
     _unload = Signal(str)
     _generate = Signal(object)
     _release = Signal(str)
+    _count_context = Signal(str, str, str, object)
     _shutdown = Signal()
 
     SIGNALS = ("started", "done", "failed", "ready", "progress", "inspected", "memory_planned", "imported",
-               "removed", "library_changed", "loaded", "unloaded", "token", "metrics", "finished")
+               "removed", "library_changed", "loaded", "unloaded", "token", "metrics", "finished",
+               "context_counted")
 
     def __init__(self, engine_factory=None, parent=None):
         super().__init__(parent)
@@ -515,6 +572,7 @@ class EngineClient(QObject):
                               (self._remove, self.worker.remove), (self._load, self.worker.load),
                               (self._unload, self.worker.unload), (self._generate, self.worker.generate),
                               (self._release, self.worker.release_chat),
+                              (self._count_context, self.worker.count_context),
                               (self._shutdown, self.worker.shutdown)):
             request.connect(slot, q)
         # NB: never connect a callable that returns a bool: PySide6 6.12 then corrupts the refcount
@@ -546,9 +604,13 @@ class EngineClient(QObject):
     def generate(self, request): self._generate.emit(request)
     def release_chat(self, chat_id: str): self._release.emit(chat_id)
 
+    def count_context(self, chat_id: str, model_id: str, system_prompt: str, turns: list):
+        self._count_context.emit(chat_id, model_id, system_prompt, list(turns))
+
     # direct, thread-safe: the worker may be busy in a load or a step
     def cancel_load(self): self.worker.cancel_load()
     def stop(self, chat_id: str): self.worker.stop(chat_id)
+    def reply_progress(self, chat_id: str): return self.worker.reply_progress(chat_id)
 
     def shutdown(self, timeout_ms: int = 10000) -> None:
         if not self.thread.isRunning():

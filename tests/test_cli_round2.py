@@ -61,7 +61,7 @@ def test_models_import_refuses_an_unknown_architecture(synth, tmp_path):
     env = dict(os.environ, HEARTH_HOME=str(tmp_path / "home"))
     proc = hearth("models", "import", str(folder), env=env)
     assert proc.returncode == 1 and "GPT2LMHeadModel is not supported" in proc.stderr
-    assert "Nothing was imported" in proc.stderr
+    assert "It was not added to the library" in proc.stderr
     assert json.loads(hearth("models", "list", "--json", env=env).stdout) == []
 
 

@@ -2,7 +2,7 @@
 
 Qt-free. Every change goes to the ChatStore at once (a streaming reply on each flush), then
 listeners hear about it: listener(event, payload) with events "opened", "message-added",
-"message-updated", "messages-truncated", "streaming-started", "streaming-finished".
+"message-updated", "messages-truncated", "messages-reset", "streaming-started", "streaming-finished".
 """
 from __future__ import annotations
 
@@ -11,9 +11,20 @@ from typing import Optional
 
 from .observable import Observable
 
-from ..store import COMPLETE, ERROR, STOPPED, STREAMING, ChatStore, StoredChat, StoredMessage
+from ..store import COMPLETE, ERROR, STOPPED, STREAMING, ChatStore, StoredChat, StoredMessage, reply_of
 
 TITLE_CHARS = 48
+
+
+def alternatives_of(message: StoredMessage) -> list:
+    """Every other reply kept for this message (regenerate), in order, this one not included."""
+    return list((message.alternatives or {}).get("others", []))
+
+
+def alternative_position(message: StoredMessage) -> tuple:
+    """(index, count) of the reply shown among its alternatives; count 0 when it has none."""
+    others = alternatives_of(message)
+    return (int(message.alternatives.get("index", 0)), len(others) + 1) if others else (0, 0)
 
 
 @dataclass(frozen=True)
@@ -86,11 +97,63 @@ class ChatState(Observable):
                 and any(m.role == "user" for m in self.messages))
 
     def regenerate(self, model_id: str, weights_sha256: Optional[str], params: dict) -> GenerationRequest:
-        """Replace the last reply with a new one to the same history."""
+        """A new reply to the same history; the earlier ones stay as alternatives to page through."""
         self._require_idle()
         if not self.can_regenerate():
             raise ValueError("there is no reply to regenerate")
+        old = self.messages[-1]
+        others = alternatives_of(old)
+        if old.state != ERROR:     # a failed reply is not worth keeping
+            others.insert(int((old.alternatives or {}).get("index", 0)) if others else 0, reply_of(old))
         self._truncate(len(self.messages) - 1)
+        request = self._start_reply(model_id, weights_sha256, params)
+        if others:
+            self.streaming.alternatives = {"index": len(others), "others": others}
+            self.store.update_message(self.streaming.id, alternatives=self.streaming.alternatives)
+        return request
+
+    def show_alternative(self, message_id: int, step: int) -> None:
+        """Page through a reply's alternatives (‹ ›): the one shown is the one the chat continues from."""
+        self._require_idle()
+        message = next((m for m in self.messages if m.id == message_id), None)
+        if message is None or not message.alternatives:
+            return
+        index = int(message.alternatives.get("index", 0))
+        replies = list(message.alternatives.get("others", []))
+        replies.insert(index, reply_of(message))
+        target = max(0, min(len(replies) - 1, index + step))
+        if target == index:
+            return
+        chosen = replies.pop(target)
+        for name, value in chosen.items():
+            setattr(message, name, value)
+        message.alternatives = {"index": target, "others": replies}
+        self.store.update_message(message.id, reply=chosen, alternatives=message.alternatives)
+        self._emit("message-updated", message)
+
+    def delete_message(self, message_id: int) -> None:
+        """Remove one message (a failed reply, say) from the chat and the store."""
+        self._require_idle()
+        message = next((m for m in self.messages if m.id == message_id), None)
+        if message is None:
+            return
+        self.store.delete_message(message_id)
+        self.messages.remove(message)
+        self._emit("messages-reset", self.messages)
+
+    def edit_message(self, message_id: int, text: str, model_id: str, weights_sha256: Optional[str],
+                     params: dict) -> GenerationRequest:
+        """Replace one of your messages (any, not only the last), drop what came after it, ask again.
+        The engine reuses its cached prefix up to the edit."""
+        self._require_idle()
+        index = next((i for i, m in enumerate(self.messages) if m.id == message_id), None)
+        if index is None or self.messages[index].role != "user":
+            raise ValueError("only your own messages can be edited")
+        text = text.strip()
+        if not text:
+            raise ValueError("nothing to send")
+        self._truncate(index)
+        self._add("user", text)
         return self._start_reply(model_id, weights_sha256, params)
 
     def last_user_text(self) -> Optional[str]:

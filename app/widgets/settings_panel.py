@@ -156,16 +156,19 @@ class SettingsPanel(QScrollArea):
             self.params_changed.emit(self.params())
 
     def show_live(self, live: dict) -> None:
+        from ..models.library import human_duration
         if live.get("ttft_s") is not None:
-            self.ttft.setText(f"{live['ttft_s'] * 1000:.0f} ms")
+            self.ttft.setText(human_duration(live["ttft_s"]))
         if live.get("tokens_per_s"):
             self.rate.setText(f"{live['tokens_per_s']:.1f}")
+        self.show_context(live.get("context_used"), live.get("context_limit"))
 
     def show_stats(self, stats: dict) -> None:
         self.show_live(stats)
-        used, limit = stats.get("context_used"), stats.get("context_limit")
+
+    def show_context(self, used, limit) -> None:
         if used is not None and limit:
-            self.context_label.setText(f"Context {used:,} / {limit:,} tokens")
+            self.context_label.setText(f"Context {int(used):,} / {int(limit):,} tokens")
             self.context_bar.setRange(0, int(limit))
             self.context_bar.setValue(min(int(used), int(limit)))
 
