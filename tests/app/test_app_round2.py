@@ -248,6 +248,7 @@ def test_library_labels_inspector_and_status_after_import_and_load(qtbot, make_a
         win.inspector.meta_form.itemAt(i).widget().text() for i in range(win.inspector.meta_form.count())
         if win.inspector.meta_form.itemAt(i).widget())
     qtbot.waitUntil(lambda: not win.manager.busy, timeout=30_000)
+    win.show_page(MODELS)
     win.manager.select(model_id)
     assert not win.manager.context_box.isEnabled() and win.manager.context_reason.isVisible()
     assert "Unload" in win.manager.context_reason.text()
