@@ -33,6 +33,29 @@ STATS_FIELDS = ("prompt_tokens", "prefilled_tokens", "generated_tokens", "ttft_s
                 "stop_reason", "context_used", "context_limit")
 PARAM_FIELDS = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty", "seed", "max_tokens", "stop")
 DEFAULT_MODEL_ID = "smollm2-135m-instruct"
+# What to do when a chat outgrows the loaded context (a chat's params["context_policy"]):
+#   stop        refuse the message, say so (the engine's ContextOverflow)
+#   drop-oldest drop the oldest turns, just enough to fit (the system prompt always stays)
+#   rolling     drop the oldest turns down to half the context, so the next turns reuse the cached
+#               prefix instead of shifting it every turn
+CONTEXT_POLICIES = ("stop", "drop-oldest", "rolling")
+
+
+def fit_turns(turns: list, count, limit: int, reserve: int, policy: str) -> tuple:
+    """(turns kept, number dropped): the oldest turns dropped, in whole user+reply pairs, until
+    count(turns) + reserve fits in limit (rolling: in half of it). The last user message always stays."""
+    if policy not in ("drop-oldest", "rolling"):
+        return turns, 0
+    budget = limit - reserve if policy == "drop-oldest" else max(limit // 2, limit - reserve - limit // 2)
+    if count(turns) + reserve <= limit:
+        return turns, 0
+    kept = list(turns)
+    dropped = 0
+    while len(kept) > 1 and count(kept) > budget:
+        cut = 2 if len(kept) > 2 and kept[0]["role"] == "user" and kept[1]["role"] == "assistant" else 1
+        del kept[:cut]
+        dropped += cut
+    return kept, dropped
 
 
 def plain_backend_note(backend: str, note: str, build: Optional[dict]) -> str:
@@ -71,10 +94,11 @@ def sampling_params(params: dict):
 
 
 class _Generation:
-    def __init__(self, request, sid, events):
+    def __init__(self, request, sid, events, context_note: str = ""):
         self.request = request
         self.sid = sid
         self.events = events
+        self.context_note = context_note     # what the context policy dropped, shown under the reply
         self.buffer: list[str] = []
         self.tokens = 0
         self.t_start = time.perf_counter()
@@ -114,6 +138,7 @@ class EngineWorker(QObject):
         self._pending: collections.deque = collections.deque()
         self._sessions: dict[str, tuple] = {}           # chat id -> (sid, model id, system prompt)
         self._contexts: dict[str, int] = {}             # model id -> context length chosen by the user
+        self._trims: dict[str, int] = {}                # chat id -> oldest messages its context policy left out
         self._flush_timer = QTimer(self)                # moves with the worker to its thread
         self._flush_timer.setSingleShot(True)
         self._flush_timer.timeout.connect(self._flush_active)
@@ -371,6 +396,7 @@ class EngineWorker(QObject):
                 self.done.emit("generate", str(request.reply_id))
                 continue
             try:
+                request, note = self._apply_context_policy(request)
                 sid = self._session_for(request)
                 events = iter(self.engine.respond(sid, sampling_params(request.params)))
             except Exception as exc:
@@ -378,7 +404,7 @@ class EngineWorker(QObject):
                 self.done.emit("generate", str(request.reply_id))
                 continue
             with self._lock:
-                self._active = _Generation(request, sid, events)
+                self._active = _Generation(request, sid, events, note)
             QTimer.singleShot(0, self._step)
 
     def _drain(self, gen: "_Generation") -> None:
@@ -394,6 +420,33 @@ class EngineWorker(QObject):
         except Exception:
             log.debug("draining a cancelled reply", exc_info=True)
         self._end(gen, stats)
+
+    def _apply_context_policy(self, request) -> tuple:
+        """The request with its oldest turns dropped if the chat's policy says so; and a note saying what."""
+        policy = (request.params or {}).get("context_policy", "stop")
+        if policy == "stop" or not hasattr(self.engine, "conversation_tokens"):
+            return request, ""
+        system = [{"role": "system", "content": request.system_prompt}] if request.system_prompt else []
+        limit = self.engine.context_limit(request.model_id)
+        reserve = min(int(request.params.get("max_tokens") or 256), limit // 4)
+
+        def count(turns):
+            return len(self.engine.conversation_tokens(request.model_id, system + list(turns)))
+        # Start where this chat's last trim left off: the kept turns stay a stable prefix (KV reuse),
+        # and a rolling window only moves when it is full again.
+        turns = list(request.turns)
+        offset = self._trims.get(request.chat_id, 0)
+        if offset >= len(turns) or (offset and turns[offset]["role"] != "user"):
+            offset = 0
+        kept, dropped = fit_turns(turns[offset:], count, limit, reserve, policy)
+        dropped += offset
+        self._trims[request.chat_id] = dropped
+        if not dropped:
+            return request, ""
+        import dataclasses
+        note = (f"the {dropped} oldest message{'s' if dropped != 1 else ''} left out to fit the "
+                f"{limit:,}-token context" + (" (system prompt kept)" if system else ""))
+        return dataclasses.replace(request, turns=kept), note
 
     def _session_for(self, request) -> str:
         entry = self._sessions.get(request.chat_id)
@@ -486,6 +539,8 @@ class EngineWorker(QObject):
             self._stop_requested.discard(chat_id)
         self._flush(gen)
         if stats is not None:
+            if gen.context_note:
+                stats = {**stats, "context_note": gen.context_note}
             self.finished.emit(chat_id, stats)
         self.done.emit("generate", str(gen.request.reply_id))
         if self._pending:

@@ -423,7 +423,8 @@ class MainWindow(QMainWindow):
             streaming = self.chat.streaming
             if streaming is not None and str(streaming.id) == key:
                 # no `finished` came for this reply: the engine raised (failed() showed why)
-                self.chat.fail("the engine stopped before finishing")
+                self.chat.fail(getattr(self, "_last_failure", "") or "the engine stopped before finishing")
+                self._last_failure = ""
             self._show_chat_state()
 
     def _loaded(self, handle) -> None:
@@ -454,6 +455,10 @@ class MainWindow(QMainWindow):
         self.manager.plans.pop(model_id, None)
 
     def _failed(self, kind: str, message: str) -> None:
+        self._last_failure = message
+        if kind == "context-overflow":
+            message += (" Or choose, in this chat's settings, to drop the oldest turns or keep a rolling window "
+                        "when the chat outgrows the context.")
         if kind == "cancelled":
             self.banner.show_info("Cancelled", message)
         else:

@@ -290,3 +290,57 @@ def test_removing_the_loaded_model_says_so_and_the_next_start_loads_the_default(
     with qtbot.waitSignal(client.loaded, timeout=SLOW) as loaded:
         started(qtbot, client)
     assert loaded.args[0].id == DEFAULT
+
+
+def test_each_context_policy_on_a_small_context(qtbot, make_app, tmp_path_factory):
+    """256 tokens of context: stop refuses and says so; drop-oldest drops just enough (the system prompt
+    stays); a rolling window drops to half and the next turn reuses the cached prefix."""
+    home = tmp_path_factory.mktemp("hearth-app-policy")
+    from engine.default_model import install_default_model
+    from engine.library import ModelLibrary
+    install_default_model(ModelLibrary(home))
+    win, client, store = make_app(home)
+    started(qtbot, client)
+    client.set_context(DEFAULT, 256)
+    load_default(qtbot, win, client)
+    win.show_page(CHAT)
+    filler = "Here is a note about the weather in a small town by the sea, for the record. " * 3
+
+    def fill_until_trimmed(policy):
+        win.new_chat() if win.chat.messages else None
+        win.side.set_system_prompt("You are terse.")
+        win._system_prompt_changed("You are terse.")
+        results = []
+        for turn in range(8):
+            win.side.set_params({"temperature": 0.0, "max_tokens": 8, "context_policy": policy})
+            win.chat.set_params(win.side.params())
+            with qtbot.waitSignal(client.done, timeout=SLOW, check_params_cb=lambda op, key: op == "generate"):
+                win.send(f"{turn}: {filler}")
+            last = store.messages(win.chat.chat.id)[-1]
+            results.append(last)
+            if last.state == ERROR or (last.stats or {}).get("context_note"):
+                return results
+        raise AssertionError(f"{policy}: the chat never outgrew the context")
+
+    stopped = fill_until_trimmed("stop")[-1]
+    assert stopped.state == ERROR and win.banner.kind == "context-overflow"
+    assert "rolling window" in win.banner.message.text() and "256" in stopped.stats["error"]
+    win.banner.dismiss()
+
+    win.new_chat()
+    dropped = fill_until_trimmed("drop-oldest")[-1]
+    note = dropped.stats["context_note"]
+    assert dropped.state != ERROR and "oldest message" in note and "system prompt kept" in note
+    sid = client.worker._sessions[win.chat.chat.id][0]
+    history = client.worker.engine.history(sid)
+    assert history[0] == {"role": "system", "content": "You are terse."}
+    assert dropped.stats["prompt_tokens"] + 8 <= 256
+
+    win.new_chat()
+    rolled = fill_until_trimmed("rolling")[-1]
+    assert "oldest message" in rolled.stats["context_note"] and rolled.stats["prompt_tokens"] <= 256 // 2 + 8
+    win.side.set_params({"temperature": 0.0, "max_tokens": 8, "context_policy": "rolling"})
+    stats = reply(qtbot, win, client, lambda: win.send("And one more short one."), max_tokens=8,
+                  context_policy="rolling")
+    assert stats["prefilled_tokens"] < stats["prompt_tokens"]      # the window did not move: prefix reused
+    assert stats["context_note"] == rolled.stats["context_note"]
