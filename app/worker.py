@@ -10,6 +10,9 @@ Long work and cancellation:
 - A reply is stepped from the worker's event loop: one token per `_step`, then the next step is
   posted behind any queued call (stop, unload, a new request). Stop also calls engine.cancel(sid),
   which is thread-safe, so even a long prefill ends within one step.
+- Several chats reply at once (up to MAX_PARALLEL): each has its own engine session, the engine's
+  loop batches their decode steps, and `_step` takes the running replies in turn, one event each.
+  A second request for a chat that is still replying waits for it.
 - Tokens are coalesced: text is emitted at most once per frame (16 ms), whatever the token rate.
 """
 from __future__ import annotations
@@ -29,6 +32,7 @@ from PySide6.QtCore import QObject, Qt, QThread, QTimer, Signal, Slot
 log = logging.getLogger("hearth.app")
 
 FRAME_S = 0.016
+MAX_PARALLEL = 4          # chats replying at once; more wait their turn
 STATS_FIELDS = ("prompt_tokens", "prefilled_tokens", "generated_tokens", "ttft_s", "tokens_per_s",
                 "stop_reason", "context_used", "context_limit")
 PARAM_FIELDS = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty", "seed", "max_tokens", "stop")
@@ -133,7 +137,9 @@ class EngineWorker(QObject):
         self.engine = None
         self._load_cancel = threading.Event()
         self._lock = threading.Lock()
-        self._active: Optional[_Generation] = None     # read from the GUI thread under _lock
+        self._running: dict[str, _Generation] = {}      # chat id -> its reply; read from the GUI thread under _lock
+        self._turns: collections.deque = collections.deque()   # chat ids, round-robin order of _step
+        self._step_posted = False
         self._stop_requested: set[str] = set()          # chat ids, written from the GUI thread
         self._pending: collections.deque = collections.deque()
         self._sessions: dict[str, tuple] = {}           # chat id -> (sid, model id, system prompt)
@@ -147,12 +153,22 @@ class EngineWorker(QObject):
     def cancel_load(self) -> None:
         self._load_cancel.set()
 
+    @property
+    def _active(self) -> Optional[_Generation]:
+        """A reply being written (any one), or None."""
+        with self._lock:
+            return next(iter(self._running.values()), None)
+
+    def running_chats(self) -> list:
+        with self._lock:
+            return list(self._running)
+
     def stop(self, chat_id: str) -> None:
         """Stop the reply for this chat (or the queued request): honoured within one step."""
         with self._lock:
             self._stop_requested.add(chat_id)
-            active = self._active
-        if active is not None and active.request.chat_id == chat_id and self.engine is not None:
+            active = self._running.get(chat_id)
+        if active is not None and self.engine is not None:
             try:
                 self.engine.cancel(active.sid)
             except Exception:  # the session may have just finished
@@ -161,8 +177,8 @@ class EngineWorker(QObject):
     def reply_progress(self, chat_id: str) -> Optional[dict]:
         """The reply being written for this chat: its prompt read so far, tokens, context (any thread)."""
         with self._lock:
-            active = self._active
-        if active is None or active.request.chat_id != chat_id or self.engine is None:
+            active = self._running.get(chat_id)
+        if active is None or self.engine is None:
             return None
         try:
             return self.engine.reply_progress(active.sid)
@@ -339,8 +355,9 @@ class EngineWorker(QObject):
         self._run("unload", model_id, lambda: self._unload(model_id))
 
     def _unload(self, model_id: str) -> None:
-        active = self._active
-        if active is not None and active.request.model_id == model_id:
+        with self._lock:
+            using = [g for g in self._running.values() if g.request.model_id == model_id]
+        for active in using:
             # The suspended reply still uses this model's runner: end it (cancel stops it within a step).
             self.stop(active.request.chat_id)
             self._drain(active)
@@ -379,14 +396,25 @@ class EngineWorker(QObject):
     # ---------------------------------------------------------------- generation
     @Slot(object)
     def generate(self, request) -> None:
-        """Queue one reply (app.models.GenerationRequest); replies run one at a time."""
+        """Queue one reply (app.models.GenerationRequest); chats reply side by side, one reply per chat."""
         self._pending.append(request)
-        if self._active is None:
-            self._start_next()
+        self._start_next()
+
+    def _next_startable(self):
+        with self._lock:
+            if len(self._running) >= MAX_PARALLEL:
+                return None
+            for request in self._pending:
+                if request.chat_id not in self._running:
+                    self._pending.remove(request)
+                    return request
+        return None
 
     def _start_next(self) -> None:
-        while self._pending and self._active is None:
-            request = self._pending.popleft()
+        while True:
+            request = self._next_startable()
+            if request is None:
+                return
             self.started.emit("generate", str(request.reply_id))
             with self._lock:
                 stopped_early = request.chat_id in self._stop_requested
@@ -404,7 +432,13 @@ class EngineWorker(QObject):
                 self.done.emit("generate", str(request.reply_id))
                 continue
             with self._lock:
-                self._active = _Generation(request, sid, events, note)
+                self._running[request.chat_id] = _Generation(request, sid, events, note)
+                self._turns.append(request.chat_id)
+            self._post_step()
+
+    def _post_step(self) -> None:
+        if not self._step_posted:
+            self._step_posted = True
             QTimer.singleShot(0, self._step)
 
     def _drain(self, gen: "_Generation") -> None:
@@ -467,9 +501,21 @@ class EngineWorker(QObject):
 
     @Slot()
     def _step(self) -> None:
-        gen = self._active
+        """One event of the next running reply (round robin), then the next step is posted."""
+        self._step_posted = False
+        with self._lock:
+            if not self._turns:
+                return
+            chat_id = self._turns[0]
+            self._turns.rotate(-1)
+            gen = self._running.get(chat_id)
         if gen is None:
             return
+        self._step_one(gen)
+        if self._running:
+            self._post_step()
+
+    def _step_one(self, gen: "_Generation") -> None:
         chat_id = gen.request.chat_id
         with self._lock:
             stop = chat_id in self._stop_requested
@@ -499,20 +545,24 @@ class EngineWorker(QObject):
                 self._flush(gen)
             elif not self._flush_timer.isActive():
                 self._flush_timer.start(max(1, int((FRAME_S - (now - gen.t_last_emit)) * 1000)))
-            QTimer.singleShot(0, self._step)
             return
         if hasattr(event, "stats"):
             self._flush(gen)
             self._end(gen, stats_dict(event.stats))
             return
-        QTimer.singleShot(0, self._step)   # an event kind this app does not know: skip it
+        # an event kind this app does not know: skip it
 
     def _flush_active(self) -> None:
-        if self._active is not None:
-            self._flush(self._active)
+        with self._lock:
+            running = list(self._running.values())
+        for gen in running:
+            self._flush(gen)
 
     def _flush(self, gen: _Generation) -> None:
-        self._flush_timer.stop()
+        with self._lock:
+            others_waiting = any(g.buffer for g in self._running.values() if g is not gen)
+        if not others_waiting:       # the one timer serves every running reply
+            self._flush_timer.stop()
         gen.t_last_emit = time.perf_counter()
         if not gen.buffer:
             return
@@ -535,7 +585,9 @@ class EngineWorker(QObject):
     def _end(self, gen: _Generation, stats: Optional[dict]) -> None:
         chat_id = gen.request.chat_id
         with self._lock:
-            self._active = None
+            if self._running.get(chat_id) is gen:
+                del self._running[chat_id]
+                self._turns.remove(chat_id)
             self._stop_requested.discard(chat_id)
         self._flush(gen)
         if stats is not None:
@@ -549,12 +601,15 @@ class EngineWorker(QObject):
     @Slot()
     def shutdown(self) -> None:
         """Drop the engine in its own thread (frees device memory), then stop the thread."""
-        if self._active is not None:
+        with self._lock:
+            running = list(self._running.values())
+            self._running.clear()
+            self._turns.clear()
+        for gen in running:
             try:
-                self.engine.cancel(self._active.sid)
+                self.engine.cancel(gen.sid)
             except Exception:
                 pass
-            self._active = None
         self._pending.clear()
         engine, self.engine = self.engine, None
         try:
@@ -671,9 +726,8 @@ class EngineClient(QObject):
         if not self.thread.isRunning():
             return
         self.worker.cancel_load()
-        active = self.worker._active
-        if active is not None:
-            self.worker.stop(active.request.chat_id)
+        for chat_id in self.worker.running_chats():
+            self.worker.stop(chat_id)
         self._shutdown.emit()
         if not self.thread.wait(timeout_ms):
             log.warning("engine thread did not stop in %d ms", timeout_ms)

@@ -43,16 +43,26 @@ class ChatState(Observable):
     store: ChatStore
     chat: Optional[StoredChat] = None
     messages: list = field(default_factory=list)      # [StoredMessage]
-    streaming: Optional[StoredMessage] = None
+    streams: dict = field(default_factory=dict)       # chat id -> its reply being streamed (several at once)
     _listeners: list = field(default_factory=list)
 
     # --- choosing a chat -------------------------------------------------------------------
     def open(self, chat_id: str) -> None:
         self.chat = self.store.chat(chat_id)
         self.messages = self.store.messages(chat_id)
-        if self.streaming is not None:   # a reply still streaming (maybe into this chat): keep it live
-            self.messages = [self.streaming if m.id == self.streaming.id else m for m in self.messages]
+        live = self.streams.get(chat_id)
+        if live is not None:   # a reply still streaming into this chat: keep it live
+            self.messages = [live if m.id == live.id else m for m in self.messages]
         self._emit("opened", self.chat)
+
+    @property
+    def streaming(self) -> Optional[StoredMessage]:
+        """The open chat's reply being streamed, if any."""
+        return self.streams.get(self.chat.id) if self.chat is not None else None
+
+    @property
+    def any_busy(self) -> bool:
+        return bool(self.streams)
 
     def new_chat(self, model_id: Optional[str] = None, system_prompt: str = "",
                  params: Optional[dict] = None) -> StoredChat:
@@ -66,6 +76,7 @@ class ChatState(Observable):
 
     @property
     def busy(self) -> bool:
+        """The open chat is replying (other chats may be too)."""
         return self.streaming is not None
 
     def set_system_prompt(self, text: str) -> None:
@@ -174,37 +185,47 @@ class ChatState(Observable):
         return self._start_reply(model_id, weights_sha256, params)
 
     # --- the reply as it streams --------------------------------------------------------------
-    def append(self, text: str) -> None:
-        if self.streaming is not None and text:
-            self.streaming.content += text
-            self._emit("message-updated", self.streaming)
+    def _stream(self, chat_id: Optional[str]) -> Optional[StoredMessage]:
+        if chat_id is None:
+            return self.streaming
+        return self.streams.get(chat_id)
 
-    def flush(self) -> None:
+    def stream_for_reply(self, reply_id: int) -> Optional[StoredMessage]:
+        return next((m for m in self.streams.values() if m.id == reply_id), None)
+
+    def append(self, text: str, chat_id: Optional[str] = None) -> None:
+        message = self._stream(chat_id)
+        if message is not None and text:
+            message.content += text
+            self._emit("message-updated", message)
+
+    def flush(self, chat_id: Optional[str] = None) -> None:
         """Write what has been shown so far; cheap (one UPDATE in WAL mode)."""
-        if self.streaming is not None:
-            self.store.update_message(self.streaming.id, content=self.streaming.content)
+        message = self._stream(chat_id)
+        if message is not None:
+            self.store.update_message(message.id, content=message.content)
 
-    def finish(self, stats: Optional[dict]) -> None:
-        if self.streaming is None:
+    def finish(self, stats: Optional[dict], chat_id: Optional[str] = None) -> None:
+        message = self._stream(chat_id)
+        if message is None:
             return
         reason = (stats or {}).get("stop_reason")
-        message = self.streaming
         message.state = STOPPED if reason == "cancelled" else COMPLETE
         message.stats = stats
         self.store.update_message(message.id, content=message.content, state=message.state, stats=stats)
-        self.streaming = None
+        del self.streams[message.chat_id]
         self._emit("message-updated", message)
         self._emit("streaming-finished", message)
 
-    def fail(self, error: str) -> None:
+    def fail(self, error: str, chat_id: Optional[str] = None) -> None:
         """The engine raised: keep the partial reply, mark it."""
-        if self.streaming is None:
+        message = self._stream(chat_id)
+        if message is None:
             return
-        message = self.streaming
         message.state = ERROR
         message.stats = {"error": error}
         self.store.update_message(message.id, content=message.content, state=ERROR, stats=message.stats)
-        self.streaming = None
+        del self.streams[message.chat_id]
         self._emit("message-updated", message)
         self._emit("streaming-finished", message)
 
@@ -237,6 +258,6 @@ class ChatState(Observable):
             self.chat.model_id = model_id
         reply = self._add("assistant", "", state=STREAMING, model_id=model_id,
                           weights_sha256=weights_sha256, params=params, seed=params["seed"])
-        self.streaming = reply
+        self.streams[self.chat.id] = reply
         self._emit("streaming-started", reply)
         return GenerationRequest(self.chat.id, model_id, self.chat.system_prompt or "", turns, params, reply.id)

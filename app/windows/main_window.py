@@ -420,10 +420,11 @@ class MainWindow(QMainWindow):
                 self.load_progress.end()
                 self.manager.set_busy(False)
         if op == "generate":
-            streaming = self.chat.streaming
-            if streaming is not None and str(streaming.id) == key:
+            streaming = self.chat.stream_for_reply(int(key)) if key.isdigit() else None
+            if streaming is not None:
                 # no `finished` came for this reply: the engine raised (failed() showed why)
-                self.chat.fail(getattr(self, "_last_failure", "") or "the engine stopped before finishing")
+                self.chat.fail(getattr(self, "_last_failure", "") or "the engine stopped before finishing",
+                               streaming.chat_id)
                 self._last_failure = ""
             self._show_chat_state()
 
@@ -465,9 +466,8 @@ class MainWindow(QMainWindow):
             self.banner.show_error(kind, message)
 
     def _token(self, chat_id: str, text: str) -> None:
-        if self.chat.streaming is not None and self.chat.streaming.chat_id == chat_id:
-            self.chat.append(text)
-            self.chat.flush()       # every frame: nothing shown is lost if the app is killed
+        self.chat.append(text, chat_id)
+        self.chat.flush(chat_id)       # every frame: nothing shown is lost if the app is killed
 
     def _metrics(self, chat_id: str, live: dict) -> None:
         if self.chat.chat is not None and self.chat.chat.id == chat_id:
@@ -478,9 +478,11 @@ class MainWindow(QMainWindow):
             self.side.show_context(counted.get("context_used"), counted.get("context_limit"))
 
     def _show_prompt_progress(self) -> None:
+        if not self.chat.any_busy:
+            self._prompt_timer.stop()
+            return
         streaming = self.chat.streaming
         if streaming is None:
-            self._prompt_timer.stop()
             return
         if streaming.content:
             return
@@ -493,8 +495,10 @@ class MainWindow(QMainWindow):
             widget.show_waiting("Thinking…")
 
     def _finished_reply(self, chat_id: str, stats: dict) -> None:
-        if self.chat.streaming is not None and self.chat.streaming.chat_id == chat_id:
-            self.chat.finish(stats)
+        if chat_id in self.chat.streams:
+            self.chat.finish(stats, chat_id)
+            if not (self.chat.chat is not None and self.chat.chat.id == chat_id):
+                self.refresh_sessions()
         if self.chat.chat is not None and self.chat.chat.id == chat_id:
             self.side.show_stats(stats)
         self._show_chat_state()
@@ -581,7 +585,7 @@ class MainWindow(QMainWindow):
         self.refresh_sessions()
 
     def _delete_chat(self, chat_id: str) -> None:
-        if self.chat.streaming is not None and self.chat.streaming.chat_id == chat_id:
+        if chat_id in self.chat.streams:
             self.banner.show_info("Still replying", "Stop the reply before deleting this chat.")
             return
         self.store.delete_chat(chat_id)
@@ -638,17 +642,17 @@ class MainWindow(QMainWindow):
             return
         model = self.current_model_id()
         open_chat = self.chat.chat is not None
-        elsewhere = self.chat.busy and open_chat and self.chat.streaming.chat_id != self.chat.chat.id
-        here = self.chat.busy and not elsewhere     # only this chat's reply shows Stop
+        here = self.chat.busy                       # only this chat's reply shows Stop
+        others = len(self.chat.streams) - (1 if here else 0)
         if not model:
             status = "Load a model to start chatting"
-        elif elsewhere:
-            status = "Replying in another chat…"
         elif here:
             status = "Replying…  (Esc to stop)"
+        elif others:
+            status = f"Replying in {others} other chat{'s' if others != 1 else ''}…"
         else:
             status = ""
-        self.composer.set_state(can_send=bool(model) and not elsewhere, generating=here,
+        self.composer.set_state(can_send=bool(model), generating=here,
                                 can_regenerate=bool(model) and open_chat and self.chat.can_regenerate(),
                                 can_edit=bool(model) and open_chat and self.chat.last_user_text() is not None,
                                 status=status)
@@ -699,11 +703,11 @@ class MainWindow(QMainWindow):
     def stop(self) -> None:
         """Stop the open chat's reply (never another chat's)."""
         streaming = self.chat.streaming
-        if streaming is not None and self.chat.chat is not None and streaming.chat_id == self.chat.chat.id:
+        if streaming is not None:
             self.client.stop(streaming.chat_id)
 
     def _escape(self) -> None:
-        if self.chat.busy and self.chat.streaming.chat_id == (self.chat.chat.id if self.chat.chat else ""):
+        if self.chat.busy:
             self.stop()
         elif self.composer.editing:
             self.composer.end_edit()
@@ -808,10 +812,9 @@ class MainWindow(QMainWindow):
         self.chat_view.rerender()
 
     def closeEvent(self, event) -> None:
-        if self.chat.streaming is not None:
-            chat_id = self.chat.streaming.chat_id
-            self.chat.flush()
-            self.chat.finish({"stop_reason": "cancelled", **(self.chat.streaming.stats or {})})
+        for chat_id, message in list(self.chat.streams.items()):
+            self.chat.flush(chat_id)
+            self.chat.finish({"stop_reason": "cancelled", **(message.stats or {})}, chat_id)
             self.client.stop(chat_id)
         self.settings.setValue("window/geometry", self.saveGeometry())
         self.settings.sync()

@@ -145,10 +145,10 @@ def test_chat_list_new_delete_drafts_and_stop_per_chat(qtbot, make_app, ready_ho
     win.send("Count from one to fifty in words.")
     qtbot.waitSignal(client.token, timeout=SLOW).wait()
     win.open_chat(second)
-    assert win.composer.stop_button.isHidden() and "another chat" in win.composer.status.text()
+    assert win.composer.stop_button.isHidden() and "1 other chat" in win.composer.status.text()
     win.stop()
     qtbot.keyClick(win.composer.edit, Qt.Key_Escape)
-    assert win.chat.streaming is not None and not client.worker._stop_requested
+    assert first in win.chat.streams and not client.worker._stop_requested
     win.open_chat(first)
     assert not win.composer.stop_button.isHidden()
     with qtbot.waitSignal(client.finished, timeout=SLOW) as done:
@@ -344,3 +344,64 @@ def test_each_context_policy_on_a_small_context(qtbot, make_app, tmp_path_factor
                   context_policy="rolling")
     assert stats["prefilled_tokens"] < stats["prompt_tokens"]      # the window did not move: prefix reused
     assert stats["context_note"] == rolled.stats["context_note"]
+
+
+def test_two_chats_reply_at_once_equal_to_each_alone_and_two_models_resident(qtbot, make_app, ready_home, synth):
+    win, client, store = make_app(ready_home)
+    started(qtbot, client)
+    load_default(qtbot, win, client)
+    win.show_page(CHAT)
+    prompts = ["Count from one to thirty in words.", "List ten colours, one per line."]
+    greedy = {"temperature": 0.0, "max_tokens": 40}
+
+    def chat_with(prompt):
+        win.new_chat() if win.chat.messages else None
+        win.side.set_params(greedy)
+        win.send(prompt)
+        return win.chat.chat.id
+
+    # each alone
+    alone = []
+    for prompt in prompts:
+        with qtbot.waitSignal(client.finished, timeout=SLOW):
+            chat_id = chat_with(prompt)
+        alone.append(store.messages(chat_id)[-1].content)
+
+    # both at once: the second starts while the first streams; both stream (tokens for both chats)
+    tokens_for, order = {}, []
+
+    def on_token(chat_id, text):
+        tokens_for.setdefault(chat_id, []).append(text)
+        order.append(chat_id)
+    client.token.connect(on_token)
+    finished = []
+    client.finished.connect(lambda chat_id, stats: finished.append(chat_id))
+    win.new_chat()
+    a = chat_with(prompts[0])
+    qtbot.waitUntil(lambda: a in tokens_for, timeout=SLOW)
+    win.new_chat()
+    b = chat_with(prompts[1])
+    qtbot.waitUntil(lambda: {a, b} <= set(finished), timeout=SLOW)
+    assert store.messages(a)[-1].content == alone[0] and store.messages(b)[-1].content == alone[1]
+    # the two streamed side by side: the first chat still received text after the second's first piece
+    assert order.index(b) < len(order) - 1 - order[::-1].index(a)
+
+    # a second model beside the first; each chat names its model; switching a chat's model keeps its history
+    with qtbot.waitSignal(client.imported, timeout=SLOW) as imported:
+        win.manager.import_requested.emit(str(synth("tiny", tokenizer=True)))
+    tiny = imported.args[0].id
+    with qtbot.waitSignal(client.loaded, timeout=SLOW):
+        win.load_model(tiny)
+    assert {h.id for h in client.worker.engine.loaded_models()} == {DEFAULT, tiny}
+    assert win.model_combo.count() == 2
+    win.show_page(CHAT)
+    win.open_chat(a)
+    assert win.current_model_id() == DEFAULT
+    win.model_combo.setCurrentIndex(win.model_combo.findData(tiny))
+    reply(qtbot, win, client, lambda: win.send("And now?"), max_tokens=4)
+    msgs = store.messages(a)
+    assert [m.role for m in msgs] == ["user", "assistant"] * 2 and msgs[0].content == prompts[0]
+    assert msgs[1].model_id == DEFAULT and msgs[3].model_id == tiny and store.chat(a).model_id == tiny
+    assert win.chat_view.widgets[1].role.text() != win.chat_view.widgets[3].role.text()
+    win.open_chat(b)
+    assert win.current_model_id() == DEFAULT       # the other chat still names its own model
