@@ -173,32 +173,12 @@ def test_nvfp4_weights_stay_packed_on_the_gpu(nvfp4_dir):
 
 
 @pytest.mark.parametrize("shape", ["llama3.2-1b", "llama3.1-8b"])
-def test_nvfp4_load_takes_what_the_plan_says(shape, tmp_path_factory, record_property):
+def test_nvfp4_load_takes_what_the_plan_says(shape, tmp_path_factory, plan_then_load, record_property):
     """The memory plan's promise holds for packed NVFP4 weights too (tests/cuda/test_memory_plan_cuda.py)."""
-    from engine.backends import cuda_native
-    from engine.backends.base import RunnerOptions
-    from engine.checkpoint import inspect
-    from engine.plan import DEFAULT_RESIDENT_SESSIONS, MemoryPlan
-
-    context = 4096
-    info = inspect(_synth_nvfp4(shape, tmp_path_factory))
-    raw = cuda_native.memory_plan(info, context, 8, DEFAULT_RESIDENT_SESSIONS, "fast")
-    plan = MemoryPlan.from_native(info.decoder, raw, context, 16, DEFAULT_RESIDENT_SESSIONS, 0, "fast")
-    gc.collect()
-    torch.cuda.synchronize()
-    torch.cuda.empty_cache()
-    free_before = torch.cuda.mem_get_info()[0]
-    runner = cuda_native.load_runner(info, info.plan, RunnerOptions(context_length=context, max_batch=8,
-                                                                     kv_blocks=plan.kv_blocks))
-    try:
-        torch.cuda.synchronize()
-        took = free_before - torch.cuda.mem_get_info()[0]
-        print(f"\n[{shape} nvfp4 ctx {context}] plan {plan.total_bytes / MiB:,.0f} MiB (weights "
-              f"{plan.weight_bytes / MiB:,.0f}), the load took {took / MiB:,.0f} MiB")
-        record_property("plan_bytes", plan.total_bytes)
-        record_property("took_bytes", took)
-        assert abs(took - plan.total_bytes) <= 0.03 * plan.total_bytes
-        assert took <= plan.total_bytes + 64 * MiB
-    finally:
-        runner.close()
-        gc.collect()
+    plan, took = plan_then_load(_synth_nvfp4(shape, tmp_path_factory), 4096)
+    print(f"\n[{shape} nvfp4 ctx 4096] plan {plan.total_bytes / MiB:,.0f} MiB (weights "
+          f"{plan.weight_bytes / MiB:,.0f}), the load took {took / MiB:,.0f} MiB")
+    record_property("plan_bytes", plan.total_bytes)
+    record_property("took_bytes", took)
+    assert abs(took - plan.total_bytes) <= 0.03 * plan.total_bytes
+    assert took <= plan.total_bytes + 64 * MiB
