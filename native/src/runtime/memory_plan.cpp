@@ -38,6 +38,12 @@ size_t largest_projection(const ModelConfig& c) {
   return std::max({qkv * H, H * q, 2 * I * H, H * I});
 }
 
+int forward_rows(const CacheConfig& cache) { return std::max(cache.chunk_tokens, cache.max_batch); }
+
+int score_chunk_rows(const CacheConfig& cache) {
+  return std::max(cache.max_batch, std::min(forward_rows(cache), kScoreChunk));
+}
+
 MemoryPlan plan_memory(const ModelConfig& c, const CacheConfig& cache) {
   if (c.layers <= 0 || c.hidden <= 0 || c.heads <= 0 || c.kv_heads <= 0 || c.head_dim <= 0 ||
       c.intermediate <= 0 || c.vocab <= 0 || cache.max_sequence_blocks <= 0 || cache.block_size <= 0 ||
@@ -50,7 +56,7 @@ MemoryPlan plan_memory(const ModelConfig& c, const CacheConfig& cache) {
   if (c.nvfp4 && (H % 32 != 0 || I % 32 != 0 || q % 32 != 0))
     throw std::invalid_argument("NVFP4 projections need hidden, intermediate and query sizes that are multiples of 32");
 
-  const size_t C = std::max(cache.chunk_tokens, cache.max_batch), B = cache.max_batch;
+  const size_t C = forward_rows(cache), B = cache.max_batch;
   const bool fast = c.precision == Precision::Fast;
   const size_t part_rows = std::max<size_t>(B * 32, 1024);  // decode and prefill key-split partials
   const size_t xn_width = std::max({H, q, I});
@@ -65,7 +71,7 @@ MemoryPlan plan_memory(const ModelConfig& c, const CacheConfig& cache) {
   add("qkv", C * qkv * 4);
   add("queries", C * q * 4);
   add("gate_up", C * 2 * I * 4);
-  add("logits", std::max<size_t>(B, std::min<size_t>(C, kScoreChunk)) * V * 4);
+  add("logits", (size_t)score_chunk_rows(cache) * V * 4);
   add("attention_partials_ml", part_rows * c.heads * 2 * 4);
   add("attention_partials_acc", part_rows * c.heads * hd * 4);
   add("sampler", B * V * 4);

@@ -15,6 +15,11 @@ namespace hearth {
 // Teacher-forced scoring (all logits) runs in chunks of at most this many rows, so the logits
 // buffer stays [512, vocab] whatever the prefill chunk.
 constexpr int kScoreChunk = 512;
+// Rows of one forward pass: a prompt chunk (at least a decode batch).
+int forward_rows(const CacheConfig& cache);
+// Rows of one scoring pass (all logits kept), what the logits buffer holds: kScoreChunk, but never
+// fewer than a decode batch nor more than a forward pass.
+int score_chunk_rows(const CacheConfig& cache);
 // cuBLASLt's workspace (the largest its prefill algorithms ask for).
 constexpr size_t kLtWorkspaceBytes = size_t(32) << 20;
 // What the runtime allocates beyond our buffers at steady state (cuBLASLt handle and plans, graph

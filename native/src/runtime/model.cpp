@@ -87,7 +87,7 @@ Model::Model(const ModelConfig& config, const CacheConfig& cache) : cfg_(config)
   q_size_ = cfg_.heads * cfg_.head_dim;
   kv_size_ = cfg_.kv_heads * cfg_.head_dim;
   qkv_size_ = q_size_ + 2 * kv_size_;
-  chunk_ = std::max(cache_.chunk_tokens, cache_.max_batch);
+  chunk_ = forward_rows(cache_);
   part_rows_ = std::max(cache_.max_batch * kMaxSplits, 1024);
   HEARTH_CUDA(cudaSetDevice(0));
   plan_ = plan_memory(cfg_, cache_);
@@ -211,8 +211,8 @@ void Model::prefill(int seq, const std::vector<int32_t>& tokens, float* all_logi
   const int total = (int)tokens.size();
   pool_->reserve(seq, start + total);
   try {
-    // Scoring keeps every row's logits: its chunks fit the logits buffer (kScoreChunk rows).
-    const int chunk = all_logits ? std::min(chunk_, std::max(kScoreChunk, cache_.max_batch)) : chunk_;
+    // Scoring keeps every row's logits: its chunks fit the logits buffer.
+    const int chunk = all_logits ? score_chunk_rows(cache_) : chunk_;
     for (int done = 0; done < total; done += chunk) {
       const int n = std::min(chunk, total - done);
       Step step;
