@@ -87,6 +87,7 @@ class _Session:
     seq: int
     tokens: list = field(default_factory=list)      # exactly the tokens held in the KV cache
     cancel: threading.Event = field(default_factory=threading.Event)
+    request: Optional[Request] = None               # the reply being produced, for reply_progress()
 
 
 @dataclass
@@ -207,6 +208,17 @@ class Engine:
     def inspect(self, path_or_id) -> CheckpointInfo:
         path, _ = self._resolve(path_or_id)
         return inspect_checkpoint(path)
+
+    def check_importable(self, path) -> CheckpointInfo:
+        """Refuse, before anything is copied, a checkpoint whose architecture Hearth cannot run."""
+        from .registry import family_for
+
+        info = inspect_checkpoint(Path(str(path)).expanduser())
+        try:
+            family_for(info.metadata.architecture)
+        except UnsupportedArchitecture as exc:
+            raise UnsupportedArchitecture(f"{exc.message} It was not added to the library.") from None
+        return info
 
     def _weight_bytes_resident(self, info: CheckpointInfo, backend: str) -> int:
         per = 4 if backend == "torch" and self.compute_dtype == "float32" else 2
@@ -420,6 +432,20 @@ class Engine:
         """Ask a running reply to stop; it ends within one decode step (thread-safe)."""
         self._session(session_id).cancel.set()
 
+    def reply_progress(self, session_id: str) -> dict:
+        """Where the session's current reply stands (thread-safe, for a live display): the prompt's
+        length, how much of it is in the cache (a long prompt is read in chunks), tokens generated,
+        and the context used of its limit."""
+        session = self._session(session_id)
+        request = session.request
+        limit = self._model(session.model_id).context_length
+        if request is None:
+            return {"prompt_tokens": 0, "prompt_done": 0, "generated_tokens": 0,
+                    "context_used": len(session.tokens), "context_limit": limit}
+        prompt = request.start_length + len(request.prompt)
+        return {"prompt_tokens": prompt, "prompt_done": request.start_length + request.prefilled,
+                "generated_tokens": request.generated, "context_used": request.cached, "context_limit": limit}
+
     def session_tokens(self, session_id: str) -> list[int]:
         """The tokens held in the session's KV cache (tests)."""
         return list(self._session(session_id).tokens)
@@ -497,19 +523,36 @@ class Engine:
             bos = tokenizer.inner.token_to_id(tokenizer.bos_token) if tokenizer.bos_token else None
             if tokenizer.add_bos and bos is not None:
                 tokens = [bos] + tokens
+        return self.generate_tokens(model_id, tokens, params)
+
+    def generate_tokens(self, model_id: str, tokens: Sequence[int], params: SamplingParams = SamplingParams(),
+                        cancel: Optional[threading.Event] = None, constraint=None) -> Iterator[ChatEvent]:
+        """Continue exactly these prompt tokens in a throwaway session (the server's entry point).
+
+        `cancel`, set from any thread, ends the reply within one decode step; `constraint` (a
+        sampling.TokenConstraint) masks every sampled token (structured output)."""
+        tokens = list(tokens)
         if not tokens:
             raise ChatTemplateError("The prompt is empty.")
         self._check_context(model_id, tokens)
         sid = self.create_session(model_id)
         session = self._session(sid)
+        if cancel is not None:
+            session.cancel = cancel
 
         def run():
             try:
-                yield from self._stream(session, tokens, params, record=False)
+                yield from self._stream(session, tokens, params, record=False, constraint=constraint)
             finally:
                 self.release_session(sid)
 
         return run()
+
+    def activity(self, model_id: str) -> dict:
+        """Live counts of a loaded model: sessions open, requests waiting for prefill and decoding."""
+        loaded = self._model(model_id)
+        return {"sessions": len(loaded.sessions), "waiting": len(loaded.loop.scheduler.waiting),
+                "running": len(loaded.loop.scheduler.running)}
 
     def _check_context(self, model_id: str, tokens: list) -> None:
         limit = self._model(model_id).context_length
@@ -517,7 +560,8 @@ class Engine:
             raise ContextOverflow(f"The conversation is {len(tokens):,} tokens, and this model was loaded with a "
                                   f"context of {limit:,}. Start a new chat or load it with a longer context.")
 
-    def _stream(self, session: _Session, tokens: list, params: SamplingParams, record: bool) -> Iterator[ChatEvent]:
+    def _stream(self, session: _Session, tokens: list, params: SamplingParams, record: bool,
+                constraint=None) -> Iterator[ChatEvent]:
         loaded = self._model(session.model_id)
         limit = loaded.context_length
         tokenizer = loaded.tokenizer
@@ -532,8 +576,10 @@ class Engine:
             loaded.runner.truncate(session.seq, common)
             session.tokens = session.tokens[:common]
         state = SamplerState.start(params, history=tokens)
+        state.constraint = constraint
         request = Request(seq=session.seq, prompt=tokens[common:], state=state, max_tokens=params.max_tokens,
                           eos_ids=tokenizer.eos_ids, context_limit=limit, start_length=common, cancel=session.cancel)
+        session.request = request
         loaded.loop.submit(request)
         stream = tokenizer.stream()
         text, held, stopped = "", "", False
