@@ -8,6 +8,7 @@
     hearth quantize MODEL --format nvfp4 [--layout modelopt|compressed-tensors] [--id ID]
     hearth serve [--host H] [--port P] [--api-key KEY] [--model ID ...]   the OpenAI-compatible server
     hearth bench ...               (see `python -m engine.bench --help`)
+    hearth bench --ui [--runs N]   event-loop stalls of the app while loading and streaming (app/bench_ui.py)
 """
 from __future__ import annotations
 
@@ -399,6 +400,10 @@ def main(argv: Optional[list] = None) -> int:
         from app.main import main as app_main  # the desktop app; engine/ itself never imports Qt
 
         return app_main(argv[1:])
+    if argv[0] == "bench" and "--ui" in argv[1:]:
+        from app.bench_ui import run as bench_ui  # the Qt event-loop benchmark; engine/ never imports Qt
+
+        return bench_ui([a for a in argv[1:] if a != "--ui"])
     if argv[0] == "bench" and "--serve" in argv:   # HTTP against in-process batching (engine/server/bench.py)
         from .server.bench import main as serve_bench_main
 

@@ -70,9 +70,7 @@ def _parse_constant(name: str):
 def parse_json(raw, name: str, what: str):
     """A JSON value from bytes or text, refusing NaN / Infinity, huge numbers and absurd nesting."""
     try:
-        text = raw.decode("utf-8") if isinstance(raw, (bytes, bytearray, memoryview)) else raw
-        if isinstance(raw, memoryview):
-            text = bytes(raw).decode("utf-8")
+        text = bytes(raw).decode("utf-8") if isinstance(raw, (bytes, bytearray, memoryview)) else raw
         return json.loads(text, parse_int=_parse_int, parse_float=_parse_float, parse_constant=_parse_constant)
     except _Refused as exc:
         raise CorruptCheckpoint(f"{name} ({what}) holds {exc}.") from None

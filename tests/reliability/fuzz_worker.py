@@ -5,7 +5,9 @@
 Targets: safetensors-bytes (mutated bytes of a small safetensors file, through checkpoint.inspect),
 safetensors-json (generated JSON headers), config-json (config.json with fields set to generated values), gguf-bytes
 (mutated bytes of a tiny llama GGUF, through inspect and import) and gguf-fields (a
-structurally valid GGUF whose integer fields take extreme values).
+structurally valid GGUF whose integer fields take extreme values); default-gguf (the real default
+model's header mutated in place; about 2 s an example, so only in the long run:
+HEARTH_FUZZ_DEFAULT_GGUF=1, HEARTH_FUZZ_DEFAULT_EXAMPLES examples, default 200).
 
 Examples per target: HEARTH_FUZZ_EXAMPLES (default 1000: under a minute for all five on a
 2-core machine); HEARTH_FUZZ_EXAMPLES=20000 is the long run. The seed is fixed (HEARTH_FUZZ_SEED,
@@ -246,6 +248,40 @@ def _run(target: str, bases: dict, work: Path) -> dict:
                 except (struct.error, OverflowError, MemoryError):
                     return      # the writer cannot express this file; nothing to read
                 check(data)
+    elif target == "default-gguf":
+        # The real default model (98 MB): patched in place within its header, then restored, so no
+        # example rewrites the file. Inspect, then the import's checks up to the first write.
+        from engine.default_model import locate_default_gguf
+        from engine.gguf_import import _check_shapes, _check_tensors, _inspect_reader, _open_reader
+        from engine.gguf_import import build_tokenizer, supported_tensor_types
+        from engine.validate import gguf_header
+
+        source = locate_default_gguf()
+        path = folder / "default.gguf"
+        shutil.copyfile(source, path)
+        header_end = min(t[3] for t in gguf_header(path)["tensors"])
+        with open(path, "rb") as f:
+            head = f.read(header_end)
+
+        def import_checks():
+            reader = _open_reader(path)
+            info = _inspect_reader(path, reader)
+            _check_tensors(path, reader, supported_tensor_types())
+            _check_shapes(info)
+            build_tokenizer(path, reader)
+
+        @seed(SEED)
+        @settings(opts, max_examples=min(EXAMPLES, int(os.environ.get("HEARTH_FUZZ_DEFAULT_EXAMPLES", "200"))))
+        @given(_mutations(st, header_end, header_end).map(lambda m: (m[0], None, None)))
+        def fuzz(mutation):
+            patched = _apply(head, mutation)[:header_end]
+            with open(path, "r+b") as f:
+                f.write(patched)
+            try:
+                tally.run(import_checks, patched)
+            finally:
+                with open(path, "r+b") as f:
+                    f.write(head)
     else:
         raise SystemExit(f"unknown target {target}")
     fuzz()

@@ -439,6 +439,21 @@ def _st_cases() -> list:
     add("experts-9-of-8", config_set(num_experts=8, num_experts_per_tok=9))
     add("routed-scaling-text", config_set(num_experts=8, num_experts_per_tok=2, routed_scaling_factor="big"))
     add("mlp-only-layers-text", config_set(num_experts=8, num_experts_per_tok=2, mlp_only_layers="all"))
+    # NVFP4 quantization settings (config.json quantization_config, ModelOpt's hf_quant_config.json)
+    add("quant-config-a-string", config_set(quantization_config="nvfp4"))
+    add("quant-groups-a-list", config_set(quantization_config={"quant_method": "compressed-tensors",
+                                                              "config_groups": [1, 2]}))
+    add("quant-weights-a-string", config_set(quantization_config={
+        "quant_method": "compressed-tensors", "format": "nvfp4-pack-quantized",
+        "config_groups": {"g": {"weights": "4bit", "format": "nvfp4-pack-quantized"}}}))
+    add("quant-exclude-a-number", config_set(quantization_config={"quant_method": "modelopt", "quant_algo": "NVFP4",
+                                                                 "exclude_modules": 5}))
+    add("quant-declared-no-packed-weights", config_set(quantization_config={"quant_method": "modelopt",
+                                                                           "quant_algo": "NVFP4"}))
+    add("hf-quant-config-not-json", file_text("hf_quant_config.json", "{\"quantization\": "))
+    add("hf-quant-config-a-list", file_text("hf_quant_config.json", {"quantization": [1]}))
+    add("hf-quant-config-kv-a-number", file_text("hf_quant_config.json", {"quantization": {
+        "quant_algo": "NVFP4", "kv_cache_quant_algo": 8}}))
     # safetensors header and data
     add("weights-4-bytes", raw_file(b"\x01\x02\x03\x04"))
     add("weights-empty", raw_file(b""))

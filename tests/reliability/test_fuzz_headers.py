@@ -1,7 +1,8 @@
 """Seeded fuzzing of the safetensors and GGUF header readers (and config.json), in a watched child.
 
 CI runs HEARTH_FUZZ_EXAMPLES (default 1000) examples per target; the long run is
-`HEARTH_FUZZ_EXAMPLES=20000 pytest tests/reliability/test_fuzz_headers.py -s`. Targets 0 untyped
+`HEARTH_FUZZ_EXAMPLES=20000 pytest tests/reliability/test_fuzz_headers.py -s` (add
+HEARTH_FUZZ_DEFAULT_GGUF=1 to fuzz the real default model's header too). Targets 0 untyped
 exceptions, 0 crashes, 0 hangs; the figure is printed.
 """
 from __future__ import annotations
@@ -9,7 +10,11 @@ from __future__ import annotations
 import reliability_corpus as corpus
 from reliability_harness import python, run_watched
 
+import os
+
 TARGETS = ["safetensors-bytes", "safetensors-json", "config-json", "gguf-bytes", "gguf-fields"]
+if os.environ.get("HEARTH_FUZZ_DEFAULT_GGUF"):     # the real default model's header (slow: ~2 s an input)
+    TARGETS.append("default-gguf")
 TARGET_TIMEOUT_S = 1800     # the watchdog of a whole target; an example's own is HEARTH_FUZZ_HANG_S
 
 

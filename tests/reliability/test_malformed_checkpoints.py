@@ -71,3 +71,26 @@ def test_valid_bases_load_and_chat(corpus_results):
         r = corpus_results[name]
         assert [r[s]["outcome"] for s in ("inspect", "import", "load")] == ["ok", "ok", "ok"], r
         assert r["library_clean"]
+
+
+def test_the_command_line_prints_a_sentence_not_a_traceback(tmp_path):
+    """`hearth inspect` and `hearth models import` on broken files: exit status 1, one line on stderr."""
+    import os
+    import subprocess
+    import sys
+
+    bases = corpus.write_bases(tmp_path / "bases")
+    table = corpus.by_name()
+    for name, command in (("st-layers-2-pow-40", "inspect"), ("st-config-nested-100000", "inspect"),
+                          ("gguf-array-count-2-pow-62", "inspect"), ("gguf-merges-no-space", "import"),
+                          ("st-shape-infinity", "import")):
+        out = tmp_path / name
+        out.mkdir()
+        path = table[name].build(bases[table[name].base], out)
+        argv = ["inspect", str(path)] if command == "inspect" else ["models", "import", str(path)]
+        proc = subprocess.run([sys.executable, "-m", "engine.cli", *argv], capture_output=True, text=True,
+                              timeout=600, env={**os.environ, "HEARTH_HOME": str(tmp_path / "home")})
+        assert proc.returncode == 1, (name, proc.stdout, proc.stderr)
+        assert proc.stderr.startswith("hearth: ") and "Traceback" not in proc.stderr, (name, proc.stderr)
+    models = tmp_path / "home" / "models"
+    assert not models.exists() or list(models.iterdir()) == []
