@@ -118,6 +118,28 @@ async def _json_body(request: Request, limit: int) -> dict:
     return require_object(parsed)
 
 
+async def _unless_disconnected(request: Request, work):
+    """Await `work`, or cancel it (and return None) when the client disconnects first: a whole
+    (non-streamed) reply stops within one engine step of its client leaving, as a stream does."""
+    async def disconnected():
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    task, watcher = asyncio.ensure_future(work), asyncio.ensure_future(disconnected())
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+    if task.done():
+        return task.result()
+    task.cancel()
+    try:
+        await task
+    except asyncio.CancelledError:
+        pass
+    return None
+
+
 def create_app(host: EngineHost, config: ServerConfig) -> Starlette:
     engine = host.engine
 
@@ -192,7 +214,13 @@ def create_app(host: EngineHost, config: ServerConfig) -> Starlette:
                                      media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         try:
-            finished = await host.complete(model_id, tokens, parsed.params, constraint, recorder)
+            finished = await _unless_disconnected(request, host.complete(model_id, tokens, parsed.params,
+                                                                         constraint, recorder))
+            if finished is None:                  # the client went away: its reply was cancelled
+                host.record(RequestRecord(time.time(), record["method"], record["path"], model_id, 499,
+                                          len(tokens), duration_s=time.perf_counter() - started,
+                                          finish="disconnected"))
+                return Response(status_code=499)
         except HearthError as exc:
             error = from_engine_error(exc)
             host.record(RequestRecord(time.time(), record["method"], record["path"], model_id, error.status,
