@@ -71,8 +71,30 @@ def code_block_html(code: str, language: str, palette: Palette) -> str:
         f'<table width="100%" cellspacing="0" cellpadding="10" bgcolor="{palette.code_bg}" '
         f'style="border: 1px solid {palette.code_border}; margin-top: 6px; margin-bottom: 6px;">'
         f'<tr><td><div style="color: {palette.muted}; font-size: small;">{label}</div>'
-        f'<pre style="font-family: {_MONO}; white-space: pre-wrap; margin: 0;">{body}</pre>'
+        f'<pre style="font-family: {_MONO}; white-space: pre; margin: 0;">{body}</pre>'
         f'</td></tr></table>')
+
+
+def split_segments(text: str) -> list:
+    """[("text", "", markdown) | ("code", language, code)]: a reply cut where its fenced code blocks are,
+    so each block can be its own widget (scrolled sideways, never wrapped, with its own Copy)."""
+    segments, at = [], 0
+    for match in _FENCE.finditer(text):
+        if match.start() > at and text[at:match.start()].strip():
+            segments.append(("text", "", text[at:match.start()]))
+        segments.append(("code", match.group(3) or "", match.group(4).rstrip("\n")))
+        at = match.end()
+    if text[at:].strip() or not segments:
+        segments.append(("text", "", text[at:]))
+    return segments
+
+
+def code_html(code: str, language: str, palette: Palette) -> str:
+    """Highlighted code for a code-block widget: pre-formatted, never wrapped."""
+    formatter = HtmlFormatter(nowrap=True, noclasses=True, style=palette.pygments_style)
+    body = highlight(code, _lexer(language, code), formatter).rstrip("\n") if code else ""
+    return (f'<pre style="font-family: {_MONO}; white-space: pre; margin: 0; color: {palette.text};">'
+            f'{body}</pre>')
 
 
 def render_markdown(text: str, palette: Palette = LIGHT) -> str:

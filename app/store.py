@@ -17,7 +17,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2      # 2: messages.alternatives (earlier replies kept by regenerate)
+EXPORT_FORMAT = "hearth-chat"
+EXPORT_VERSION = 1
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS chats (
@@ -41,6 +43,7 @@ CREATE TABLE IF NOT EXISTS messages (
     params         TEXT,
     seed           INTEGER,
     stats          TEXT,
+    alternatives   TEXT,
     created_at     REAL NOT NULL,
     updated_at     REAL NOT NULL,
     UNIQUE (chat_id, position)
@@ -49,6 +52,8 @@ CREATE INDEX IF NOT EXISTS messages_by_chat ON messages(chat_id, position);
 """
 
 COMPLETE, STREAMING, STOPPED, ERROR = "complete", "streaming", "stopped", "error"
+# What one reply is: the columns an alternative keeps, and what paging swaps in.
+REPLY_FIELDS = ("content", "state", "model_id", "weights_sha256", "params", "seed", "stats")
 
 
 def hearth_home() -> Path:
@@ -75,6 +80,9 @@ class StoredMessage:
     stats: Optional[dict] = None
     created_at: float = 0.0
     updated_at: float = 0.0
+    # Other replies to the same history (regenerate keeps them): {"index": where this reply sits among
+    # all of them, "others": [reply dicts (REPLY_FIELDS)]}; {} when there is only this one.
+    alternatives: dict = field(default_factory=dict)
 
     def as_turn(self) -> dict:
         return {"role": self.role, "content": self.content}
@@ -105,6 +113,9 @@ class ChatStore:
         self._db.execute("PRAGMA synchronous=NORMAL")   # WAL + NORMAL: durable across a process kill
         self._db.execute("PRAGMA foreign_keys=ON")
         self._db.executescript(_SCHEMA)
+        columns = {r[1] for r in self._db.execute("PRAGMA table_info(messages)")}
+        if "alternatives" not in columns:      # a version-1 database: add the column, keep every row
+            self._db.execute("ALTER TABLE messages ADD COLUMN alternatives TEXT")
         self._db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
         self.recover_interrupted()
 
@@ -189,9 +200,19 @@ class ChatStore:
 
     def update_message(self, message_id: int, *, content: Optional[str] = None,
                        state: Optional[str] = None, stats: Optional[dict] = None,
-                       seed: Optional[int] = None) -> None:
-        """One statement, committed at once: used for every flush of a streaming reply."""
+                       seed: Optional[int] = None, alternatives: Optional[dict] = None,
+                       reply: Optional[dict] = None) -> None:
+        """One statement, committed at once: used for every flush of a streaming reply.
+        `reply` replaces every REPLY_FIELDS column (paging through alternatives)."""
         sets, args = ["updated_at = ?"], [time.time()]
+        if reply is not None:
+            for name in REPLY_FIELDS:
+                sets.append(f"{name} = ?")
+                value = reply.get(name)
+                args.append(_dumps(value) if name in ("params", "stats") else value)
+        if alternatives is not None:
+            sets.append("alternatives = ?")
+            args.append(json.dumps(alternatives))
         if content is not None:
             sets.append("content = ?")
             args.append(content)
@@ -205,6 +226,54 @@ class ChatStore:
             sets.append("seed = ?")
             args.append(seed)
         self._db.execute(f"UPDATE messages SET {', '.join(sets)} WHERE id = ?", (*args, message_id))
+
+    def delete_message(self, message_id: int) -> None:
+        self._db.execute("DELETE FROM messages WHERE id = ?", (message_id,))
+
+    # --- export and import ------------------------------------------------------------------
+    def export_chat(self, chat_id: str) -> dict:
+        """A chat as plain data (JSON-ready): every message with its model, weights hash, sampling and seed."""
+        chat = self.chat(chat_id)
+        return {"format": EXPORT_FORMAT, "version": EXPORT_VERSION, "title": chat.title, "model_id": chat.model_id,
+                "system_prompt": chat.system_prompt, "params": chat.params, "created_at": chat.created_at,
+                "updated_at": chat.updated_at,
+                "messages": [{"role": m.role, "content": m.content, "state": m.state, "model_id": m.model_id,
+                              "weights_sha256": m.weights_sha256, "params": m.params, "seed": m.seed,
+                              "stats": m.stats, "alternatives": m.alternatives, "created_at": m.created_at}
+                             for m in self.messages(chat_id)]}
+
+    def import_chat(self, data: dict) -> StoredChat:
+        """A new chat from export_chat's data (a new id: importing twice gives two chats)."""
+        if not isinstance(data, dict) or data.get("format") != EXPORT_FORMAT:
+            raise ValueError("This file is not a Hearth chat export (its \"format\" is not \"hearth-chat\").")
+        if int(data.get("version", 0)) > EXPORT_VERSION:
+            raise ValueError(f"This chat was exported by a newer Hearth (format version {data.get('version')}).")
+        messages = data.get("messages") or []
+        for m in messages:
+            if not isinstance(m, dict) or m.get("role") not in ("user", "assistant") \
+                    or not isinstance(m.get("content"), str):
+                raise ValueError("This chat export has a message without a role (user or assistant) or text.")
+        now = time.time()
+        created = float(data.get("created_at") or now)
+        chat = StoredChat(uuid.uuid4().hex, str(data.get("title") or "Imported chat"), data.get("model_id"),
+                          str(data.get("system_prompt") or ""), dict(data.get("params") or {}), created,
+                          float(data.get("updated_at") or created))
+        with self._txn():
+            self._db.execute(
+                "INSERT INTO chats (id, title, model_id, system_prompt, params, created_at, updated_at)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (chat.id, chat.title, chat.model_id, chat.system_prompt, json.dumps(chat.params), chat.created_at,
+                 chat.updated_at))
+            for position, m in enumerate(messages):
+                state = m.get("state") or COMPLETE
+                at = float(m.get("created_at") or created)
+                self._db.execute(
+                    "INSERT INTO messages (chat_id, position, role, content, state, model_id, weights_sha256,"
+                    " params, seed, stats, alternatives, created_at, updated_at) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                    (chat.id, position, m["role"], m["content"], STOPPED if state == STREAMING else state,
+                     m.get("model_id"), m.get("weights_sha256"), _dumps(m.get("params")), m.get("seed"),
+                     _dumps(m.get("stats")), json.dumps(m.get("alternatives") or {}), at, at))
+        return chat
 
     def truncate(self, chat_id: str, keep: int) -> None:
         """Drop every message at position >= keep (regenerate, edit-and-resend)."""
@@ -237,11 +306,16 @@ class ChatStore:
     def _message(row) -> StoredMessage:
         return StoredMessage(row["id"], row["chat_id"], row["position"], row["role"], row["content"],
                              row["state"], row["model_id"], row["weights_sha256"], _loads(row["params"]),
-                             row["seed"], _loads(row["stats"]), row["created_at"], row["updated_at"])
+                             row["seed"], _loads(row["stats"]), row["created_at"], row["updated_at"],
+                             json.loads(row["alternatives"] or "{}"))
 
 
 def _dumps(value) -> Optional[str]:
     return None if value is None else json.dumps(value)
+
+
+def reply_of(message: "StoredMessage") -> dict:
+    return {name: getattr(message, name) for name in REPLY_FIELDS}
 
 
 def _loads(text) -> Optional[dict]:

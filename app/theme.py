@@ -117,6 +117,8 @@ QSpinBox::up-button, QSpinBox::down-button, QDoubleSpinBox::up-button, QDoubleSp
     width: 0px; border: none; }}
 QLineEdit:focus, QPlainTextEdit:focus, QSpinBox:focus, QDoubleSpinBox:focus, QComboBox:focus {{
     border-color: {t.accent}; }}
+QLineEdit:disabled, QPlainTextEdit:disabled, QSpinBox:disabled, QDoubleSpinBox:disabled, QComboBox:disabled {{
+    color: {t.muted}; background: {t.sunken}; }}
 QComboBox::drop-down {{ border: none; width: 26px; }}
 QComboBox::down-arrow {{ image: url({CHEVRON_}); width: 12px; height: 12px; }}
 QComboBox QAbstractItemView {{ background: {t.surface}; border: 1px solid {t.border}; selection-background-color: {t.accent_soft};
@@ -140,6 +142,10 @@ QFrame#progressStrip {{ background: {t.surface}; border: 1px solid {t.border}; b
 QFrame#userBubble {{ background: {t.user_bubble}; border-radius: 12px; }}
 QFrame#assistantMessage {{ background: transparent; }}
 QLabel#role {{ font-weight: 700; }}
+QFrame#codeBlock {{ background: {t.sunken}; border: 1px solid {t.border}; border-radius: 8px; }}
+QTextEdit#code {{ background: transparent; border: none; padding: 2px 4px; }}
+QToolButton#messageAction {{ color: {t.muted}; border: none; padding: 2px 6px; border-radius: 5px; }}
+QToolButton#messageAction:hover {{ color: {t.accent}; background: {t.accent_soft}; }}
 QScrollArea {{ border: none; background: transparent; }}
 QScrollArea > QWidget > QWidget#messages {{ background: {t.window}; }}
 QTabWidget::pane {{ border: 1px solid {t.border}; border-radius: 8px; background: {t.surface}; top: -1px; }}

@@ -10,6 +10,9 @@ Long work and cancellation:
 - A reply is stepped from the worker's event loop: one token per `_step`, then the next step is
   posted behind any queued call (stop, unload, a new request). Stop also calls engine.cancel(sid),
   which is thread-safe, so even a long prefill ends within one step.
+- Several chats reply at once (up to MAX_PARALLEL): each has its own engine session, the engine's
+  loop batches their decode steps, and `_step` takes the running replies in turn, one event each.
+  A second request for a chat that is still replying waits for it.
 - Tokens are coalesced: text is emitted at most once per frame (16 ms), whatever the token rate.
 """
 from __future__ import annotations
@@ -29,10 +32,49 @@ from PySide6.QtCore import QObject, Qt, QThread, QTimer, Signal, Slot
 log = logging.getLogger("hearth.app")
 
 FRAME_S = 0.016
+MAX_PARALLEL = 4          # chats replying at once; more wait their turn
 STATS_FIELDS = ("prompt_tokens", "prefilled_tokens", "generated_tokens", "ttft_s", "tokens_per_s",
                 "stop_reason", "context_used", "context_limit")
 PARAM_FIELDS = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty", "seed", "max_tokens", "stop")
 DEFAULT_MODEL_ID = "smollm2-135m-instruct"
+# What to do when a chat outgrows the loaded context (a chat's params["context_policy"]):
+#   stop        refuse the message, say so (the engine's ContextOverflow)
+#   drop-oldest drop the oldest turns, just enough to fit (the system prompt always stays)
+#   rolling     drop the oldest turns down to half the context, so the next turns reuse the cached
+#               prefix instead of shifting it every turn
+CONTEXT_POLICIES = ("stop", "drop-oldest", "rolling")
+
+
+def fit_turns(turns: list, count, limit: int, reserve: int, policy: str) -> tuple:
+    """(turns kept, number dropped): the oldest turns dropped, in whole user+reply pairs, until
+    count(turns) + reserve fits in limit (rolling: in half of it). The last user message always stays."""
+    if policy not in ("drop-oldest", "rolling"):
+        return turns, 0
+    budget = limit - reserve if policy == "drop-oldest" else max(limit // 2, limit - reserve - limit // 2)
+    if count(turns) + reserve <= limit:
+        return turns, 0
+    kept = list(turns)
+    dropped = 0
+    while len(kept) > 1 and count(kept) > budget:
+        cut = 2 if len(kept) > 2 and kept[0]["role"] == "user" and kept[1]["role"] == "assistant" else 1
+        del kept[:cut]
+        dropped += cut
+    return kept, dropped
+
+
+def plain_backend_note(backend: str, note: str, build: Optional[dict]) -> str:
+    """What the status bar says about where replies run, in words a user understands.
+
+    The CUDA runtime's own reason ("CUDA driver version is insufficient for CUDA runtime version")
+    is what a machine with no NVIDIA GPU at all reports; it belongs in the diagnostics, not here.
+    """
+    if backend != "torch" or build is None:
+        return note
+    if not build.get("cuda_compiled"):
+        return "this build has no GPU support, so replies run on the CPU (slower)"
+    if not build.get("device_count"):
+        return "no NVIDIA GPU found, so replies run on the CPU (slower)"
+    return note
 
 
 def stats_dict(stats) -> dict:
@@ -56,10 +98,11 @@ def sampling_params(params: dict):
 
 
 class _Generation:
-    def __init__(self, request, sid, events):
+    def __init__(self, request, sid, events, context_note: str = ""):
         self.request = request
         self.sid = sid
         self.events = events
+        self.context_note = context_note     # what the context policy dropped, shown under the reply
         self.buffer: list[str] = []
         self.tokens = 0
         self.t_start = time.perf_counter()
@@ -83,7 +126,9 @@ class EngineWorker(QObject):
     loaded = Signal(object)                 # ModelHandle
     unloaded = Signal(str)                  # model id
     token = Signal(str, str)                # chat id, text (coalesced: at most one per frame)
-    metrics = Signal(str, object)           # chat id, live {"ttft_s", "tokens", "tokens_per_s"}
+    metrics = Signal(str, object)           # chat id, live {"ttft_s", "tokens", "tokens_per_s", "context_used",
+    #                                         "context_limit"}
+    context_counted = Signal(str, object)   # chat id, {"context_used", "context_limit"} (count_context)
     finished = Signal(str, object)          # chat id, stats dict
     # the OpenAI-compatible server and remote endpoints (app/widgets/server_panel.py)
     server_state = Signal(object)           # {"running", "url", "models", "api_key", "error"}
@@ -96,11 +141,14 @@ class EngineWorker(QObject):
         self.engine = None
         self._load_cancel = threading.Event()
         self._lock = threading.Lock()
-        self._active: Optional[_Generation] = None     # read from the GUI thread under _lock
+        self._running: dict[str, _Generation] = {}      # chat id -> its reply; read from the GUI thread under _lock
+        self._turns: collections.deque = collections.deque()   # chat ids, round-robin order of _step
+        self._step_posted = False
         self._stop_requested: set[str] = set()          # chat ids, written from the GUI thread
         self._pending: collections.deque = collections.deque()
         self._sessions: dict[str, tuple] = {}           # chat id -> (sid, model id, system prompt)
         self._contexts: dict[str, int] = {}             # model id -> context length chosen by the user
+        self._trims: dict[str, int] = {}                # chat id -> oldest messages its context policy left out
         self._flush_timer = QTimer(self)                # moves with the worker to its thread
         self._flush_timer.setSingleShot(True)
         self._flush_timer.timeout.connect(self._flush_active)
@@ -109,16 +157,37 @@ class EngineWorker(QObject):
     def cancel_load(self) -> None:
         self._load_cancel.set()
 
+    @property
+    def _active(self) -> Optional[_Generation]:
+        """A reply being written (any one), or None."""
+        with self._lock:
+            return next(iter(self._running.values()), None)
+
+    def running_chats(self) -> list:
+        with self._lock:
+            return list(self._running)
+
     def stop(self, chat_id: str) -> None:
         """Stop the reply for this chat (or the queued request): honoured within one step."""
         with self._lock:
             self._stop_requested.add(chat_id)
-            active = self._active
-        if active is not None and active.request.chat_id == chat_id and self.engine is not None:
+            active = self._running.get(chat_id)
+        if active is not None and self.engine is not None:
             try:
                 self.engine.cancel(active.sid)
             except Exception:  # the session may have just finished
                 log.debug("cancel after finish", exc_info=True)
+
+    def reply_progress(self, chat_id: str) -> Optional[dict]:
+        """The reply being written for this chat: its prompt read so far, tokens, context (any thread)."""
+        with self._lock:
+            active = self._running.get(chat_id)
+        if active is None or self.engine is None:
+            return None
+        try:
+            return self.engine.reply_progress(active.sid)
+        except Exception:   # the session ended between the two reads
+            return None
 
     # ---------------------------------------------------------------- slots (worker thread)
     def _run(self, op: str, key: str, fn) -> None:
@@ -148,7 +217,12 @@ class EngineWorker(QObject):
                 self.engine = Engine(backend=backend or "auto", home=home or None)
             name = str(getattr(self.engine, "backend", None) or getattr(self.engine, "backend_name", None)
                        or backend or "auto")
-            note = getattr(self.engine, "backend_note", "")
+            try:
+                from engine import _native
+                build = _native.build_info()
+            except Exception:
+                build = None
+            note = plain_backend_note(name, getattr(self.engine, "backend_note", ""), build)
             self.ready.emit(f"{name} ({note})" if note else name)
             self._emit_library()
             self._warm_imports(name)
@@ -231,6 +305,9 @@ class EngineWorker(QObject):
     @Slot(str)
     def import_path(self, path: str) -> None:
         def go():
+            check = getattr(self.engine, "check_importable", None)
+            if check is not None:     # an architecture Hearth cannot run is refused before any copy
+                check(path)
             manifest = self.engine.library.import_path(path, progress=self._progress_callback())
             self.imported.emit(manifest)
             self._emit_library()
@@ -282,8 +359,9 @@ class EngineWorker(QObject):
         self._run("unload", model_id, lambda: self._unload(model_id))
 
     def _unload(self, model_id: str) -> None:
-        active = self._active
-        if active is not None and active.request.model_id == model_id:
+        with self._lock:
+            using = [g for g in self._running.values() if g.request.model_id == model_id]
+        for active in using:
             # The suspended reply still uses this model's runner: end it (cancel stops it within a step).
             self.stop(active.request.chat_id)
             self._drain(active)
@@ -297,6 +375,19 @@ class EngineWorker(QObject):
         self.engine.unload(model_id)
         self.unloaded.emit(model_id)
 
+    @Slot(str, str, str, object)
+    def count_context(self, chat_id: str, model_id: str, system_prompt: str, turns) -> None:
+        """How much of the model's context this conversation takes (a reopened chat whose last reply
+        was cut off has no stats to say so)."""
+        def go():
+            if not any(h.id == model_id for h in self.engine.loaded_models()):
+                return
+            prefix = [{"role": "system", "content": system_prompt}] if system_prompt else []
+            tokens = self.engine.conversation_tokens(model_id, prefix + list(turns), add_generation_prompt=False)
+            self.context_counted.emit(chat_id, {"context_used": len(tokens),
+                                                "context_limit": self.engine.context_limit(model_id)})
+        self._run("count", chat_id, go)
+
     @Slot(str)
     def release_chat(self, chat_id: str) -> None:
         entry = self._sessions.pop(chat_id, None)
@@ -309,14 +400,25 @@ class EngineWorker(QObject):
     # ---------------------------------------------------------------- generation
     @Slot(object)
     def generate(self, request) -> None:
-        """Queue one reply (app.models.GenerationRequest); replies run one at a time."""
+        """Queue one reply (app.models.GenerationRequest); chats reply side by side, one reply per chat."""
         self._pending.append(request)
-        if self._active is None:
-            self._start_next()
+        self._start_next()
+
+    def _next_startable(self):
+        with self._lock:
+            if len(self._running) >= MAX_PARALLEL:
+                return None
+            for request in self._pending:
+                if request.chat_id not in self._running:
+                    self._pending.remove(request)
+                    return request
+        return None
 
     def _start_next(self) -> None:
-        while self._pending and self._active is None:
-            request = self._pending.popleft()
+        while True:
+            request = self._next_startable()
+            if request is None:
+                return
             self.started.emit("generate", str(request.reply_id))
             with self._lock:
                 stopped_early = request.chat_id in self._stop_requested
@@ -327,8 +429,9 @@ class EngineWorker(QObject):
                 continue
             try:
                 if str(request.model_id).startswith("remote:"):   # engine.remote.model_ref: over HTTP
-                    sid, events = "", self._remote_reply(request)
+                    sid, events, note = "", self._remote_reply(request), ""
                 else:
+                    request, note = self._apply_context_policy(request)
                     sid = self._session_for(request)
                     events = iter(self.engine.respond(sid, sampling_params(request.params)))
             except Exception as exc:
@@ -336,7 +439,13 @@ class EngineWorker(QObject):
                 self.done.emit("generate", str(request.reply_id))
                 continue
             with self._lock:
-                self._active = _Generation(request, sid, events)
+                self._running[request.chat_id] = _Generation(request, sid, events, note)
+                self._turns.append(request.chat_id)
+            self._post_step()
+
+    def _post_step(self) -> None:
+        if not self._step_posted:
+            self._step_posted = True
             QTimer.singleShot(0, self._step)
 
     def _drain(self, gen: "_Generation") -> None:
@@ -352,6 +461,33 @@ class EngineWorker(QObject):
         except Exception:
             log.debug("draining a cancelled reply", exc_info=True)
         self._end(gen, stats)
+
+    def _apply_context_policy(self, request) -> tuple:
+        """The request with its oldest turns dropped if the chat's policy says so; and a note saying what."""
+        policy = (request.params or {}).get("context_policy", "stop")
+        if policy == "stop" or not hasattr(self.engine, "conversation_tokens"):
+            return request, ""
+        system = [{"role": "system", "content": request.system_prompt}] if request.system_prompt else []
+        limit = self.engine.context_limit(request.model_id)
+        reserve = min(int(request.params.get("max_tokens") or 256), limit // 4)
+
+        def count(turns):
+            return len(self.engine.conversation_tokens(request.model_id, system + list(turns)))
+        # Start where this chat's last trim left off: the kept turns stay a stable prefix (KV reuse),
+        # and a rolling window only moves when it is full again.
+        turns = list(request.turns)
+        offset = self._trims.get(request.chat_id, 0)
+        if offset >= len(turns) or (offset and turns[offset]["role"] != "user"):
+            offset = 0
+        kept, dropped = fit_turns(turns[offset:], count, limit, reserve, policy)
+        dropped += offset
+        self._trims[request.chat_id] = dropped
+        if not dropped:
+            return request, ""
+        import dataclasses
+        note = (f"the {dropped} oldest message{'s' if dropped != 1 else ''} left out to fit the "
+                f"{limit:,}-token context" + (" (system prompt kept)" if system else ""))
+        return dataclasses.replace(request, turns=kept), note
 
     def _session_for(self, request) -> str:
         entry = self._sessions.get(request.chat_id)
@@ -372,9 +508,21 @@ class EngineWorker(QObject):
 
     @Slot()
     def _step(self) -> None:
-        gen = self._active
+        """One event of the next running reply (round robin), then the next step is posted."""
+        self._step_posted = False
+        with self._lock:
+            if not self._turns:
+                return
+            chat_id = self._turns[0]
+            self._turns.rotate(-1)
+            gen = self._running.get(chat_id)
         if gen is None:
             return
+        self._step_one(gen)
+        if self._running:
+            self._post_step()
+
+    def _step_one(self, gen: "_Generation") -> None:
         chat_id = gen.request.chat_id
         with self._lock:
             stop = chat_id in self._stop_requested
@@ -404,20 +552,24 @@ class EngineWorker(QObject):
                 self._flush(gen)
             elif not self._flush_timer.isActive():
                 self._flush_timer.start(max(1, int((FRAME_S - (now - gen.t_last_emit)) * 1000)))
-            QTimer.singleShot(0, self._step)
             return
         if hasattr(event, "stats"):
             self._flush(gen)
             self._end(gen, stats_dict(event.stats))
             return
-        QTimer.singleShot(0, self._step)   # an event kind this app does not know: skip it
+        # an event kind this app does not know: skip it
 
     def _flush_active(self) -> None:
-        if self._active is not None:
-            self._flush(self._active)
+        with self._lock:
+            running = list(self._running.values())
+        for gen in running:
+            self._flush(gen)
 
     def _flush(self, gen: _Generation) -> None:
-        self._flush_timer.stop()
+        with self._lock:
+            others_waiting = any(g.buffer for g in self._running.values() if g is not gen)
+        if not others_waiting:       # the one timer serves every running reply
+            self._flush_timer.stop()
         gen.t_last_emit = time.perf_counter()
         if not gen.buffer:
             return
@@ -430,15 +582,24 @@ class EngineWorker(QObject):
             span = gen.t_last_emit - gen.t_first
             if gen.tokens > 1 and span > 0:
                 live["tokens_per_s"] = (gen.tokens - 1) / span
+        try:
+            progress = self.engine.reply_progress(gen.sid)
+            live["context_used"], live["context_limit"] = progress["context_used"], progress["context_limit"]
+        except Exception:   # an engine without reply_progress (or the session just ended)
+            pass
         self.metrics.emit(gen.request.chat_id, live)
 
     def _end(self, gen: _Generation, stats: Optional[dict]) -> None:
         chat_id = gen.request.chat_id
         with self._lock:
-            self._active = None
+            if self._running.get(chat_id) is gen:
+                del self._running[chat_id]
+                self._turns.remove(chat_id)
             self._stop_requested.discard(chat_id)
         self._flush(gen)
         if stats is not None:
+            if gen.context_note:
+                stats = {**stats, "context_note": gen.context_note}
             self.finished.emit(chat_id, stats)
         self.done.emit("generate", str(gen.request.reply_id))
         if self._pending:
@@ -532,12 +693,15 @@ class EngineWorker(QObject):
     def shutdown(self) -> None:
         """Drop the engine in its own thread (frees device memory), then stop the thread."""
         self._stop_server()
-        if self._active is not None:
+        with self._lock:
+            running = list(self._running.values())
+            self._running.clear()
+            self._turns.clear()
+        for gen in running:
             try:
-                self.engine.cancel(self._active.sid)
+                self.engine.cancel(gen.sid)
             except Exception:
                 pass
-            self._active = None
         self._pending.clear()
         engine, self.engine = self.engine, None
         try:
@@ -571,6 +735,7 @@ class EngineClient(QObject):
     server_state = Signal(object)
     server_request = Signal(object)
     remotes_changed = Signal(object)
+    context_counted = Signal(str, object)
 
     # requests, delivered to the worker's slots in its thread (queued)
     _start_engine = Signal(str, str)
@@ -586,10 +751,12 @@ class EngineClient(QObject):
     _unload = Signal(str)
     _generate = Signal(object)
     _release = Signal(str)
+    _count_context = Signal(str, str, str, object)
     _shutdown = Signal()
 
     SIGNALS = ("started", "done", "failed", "ready", "progress", "inspected", "memory_planned", "imported",
-               "removed", "library_changed", "loaded", "unloaded", "token", "metrics", "finished")
+               "removed", "library_changed", "loaded", "unloaded", "token", "metrics", "finished",
+               "context_counted")
     SIGNALS = SIGNALS + ("server_state", "server_request", "remotes_changed")
     _start_server = Signal(object)
     _stop_server = Signal()
@@ -616,6 +783,7 @@ class EngineClient(QObject):
                               (self._remove, self.worker.remove), (self._load, self.worker.load),
                               (self._unload, self.worker.unload), (self._generate, self.worker.generate),
                               (self._release, self.worker.release_chat),
+                              (self._count_context, self.worker.count_context),
                               (self._shutdown, self.worker.shutdown)):
             request.connect(slot, q)
         for request, slot in ((self._start_server, self.worker.start_server),
@@ -658,18 +826,20 @@ class EngineClient(QObject):
     def add_remote(self, spec: dict): self._add_remote.emit(dict(spec))
     def remove_remote(self, name: str): self._remove_remote.emit(name)
     def refresh_remotes(self): self._refresh_remotes.emit()
+    def count_context(self, chat_id: str, model_id: str, system_prompt: str, turns: list):
+        self._count_context.emit(chat_id, model_id, system_prompt, list(turns))
 
     # direct, thread-safe: the worker may be busy in a load or a step
     def cancel_load(self): self.worker.cancel_load()
     def stop(self, chat_id: str): self.worker.stop(chat_id)
+    def reply_progress(self, chat_id: str): return self.worker.reply_progress(chat_id)
 
     def shutdown(self, timeout_ms: int = 10000) -> None:
         if not self.thread.isRunning():
             return
         self.worker.cancel_load()
-        active = self.worker._active
-        if active is not None:
-            self.worker.stop(active.request.chat_id)
+        for chat_id in self.worker.running_chats():
+            self.worker.stop(chat_id)
         self._shutdown.emit()
         if not self.thread.wait(timeout_ms):
             log.warning("engine thread did not stop in %d ms", timeout_ms)

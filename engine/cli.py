@@ -3,8 +3,8 @@
     hearth [app] [--model ID]      open the desktop app
     hearth inspect PATH [--json] [--plan [--context N] [--sessions N] [--precision fast|exact]]
     hearth models list [--json] | import PATH [--nvfp4] | remove ID | default
-    hearth generate MODEL --prompt TEXT [--chat] [--max-tokens N] [--temperature T] [--seed S] [--backend B] [--json]
-    hearth chat MODEL
+    hearth generate MODEL --prompt TEXT [--chat] [--context N] [--max-tokens N] [--temperature T] [--seed S] [--json]
+    hearth chat MODEL [--context N] [--system TEXT]   (saved as a chat the app shows)
     hearth quantize MODEL --format nvfp4 [--layout modelopt|compressed-tensors] [--id ID]
     hearth serve [--host H] [--port P] [--api-key KEY] [--model ID ...]   the OpenAI-compatible server
     hearth bench ...               (see `python -m engine.bench --help`)
@@ -75,6 +75,27 @@ def _print_plan(args) -> None:
     print(f"  fit              {plan.fits(free, where).message}")
 
 
+def _dtypes(counts: dict) -> str:
+    """{'bf16': 270, 'f32': 2} -> 'bf16 × 270, f32 × 2' (most tensors first)."""
+    return ", ".join(f"{dtype} × {n}" for dtype, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
+
+
+def _stop_note(stats) -> str:
+    """Why a reply ended, in words, when it did not end on its own."""
+    return {"max-tokens": f"cut at --max-tokens {stats.generated_tokens}: raise it for a longer reply",
+            "context-full": f"the context ({stats.context_limit:,} tokens) is full",
+            "cancelled": "stopped"}.get(stats.stop_reason, "")
+
+
+def _check_supported(eng, path) -> None:
+    """Refuse an import the engine could never load, before copying anything into the library."""
+    from .errors import UnsupportedArchitecture
+
+    info = eng.inspect(path)
+    if info.plan is None:
+        raise UnsupportedArchitecture(f"{info.plan_error} Nothing was imported.")
+
+
 def cmd_inspect(args) -> int:
     from .checkpoint import inspect
 
@@ -86,7 +107,7 @@ def cmd_inspect(args) -> int:
     print(f"{info.path}  ({info.format}, {_size(info.total_bytes)} in {len(info.files)} files)")
     print(f"  architecture     {m.architecture} ({m.model_type})")
     print(f"  parameters       {m.parameter_count:,}")
-    print(f"  quantization     {m.quantization}   dtypes {m.dtypes}")
+    print(f"  quantization     {m.quantization}   dtypes {_dtypes(m.dtypes)}")
     print(f"  layers           {d.num_layers}   hidden {d.hidden_size}   heads {d.num_heads}   kv heads {d.num_kv_heads}"
           f"   head dim {d.head_dim}")
     print(f"  intermediate     {d.intermediate_size}   vocab {d.vocab_size}   context {m.context_length:,}")
@@ -128,6 +149,7 @@ def cmd_models(args) -> int:
         if args.nvfp4 and not str(args.path).lower().endswith(".gguf"):
             raise SystemExit("hearth: --nvfp4 keeps a GGUF at 4 bits; for a folder, import it and then run "
                              "hearth quantize ID --format nvfp4")
+        _check_supported(eng, args.path)
         bar = ProgressBar()
         if args.nvfp4:
             from .quantize import import_gguf_as_nvfp4
@@ -155,9 +177,9 @@ def _params(args):
                           repetition_penalty=args.repetition_penalty, seed=args.seed, max_tokens=args.max_tokens)
 
 
-def _load(eng, model: str, quiet: bool = False):
+def _load(eng, model: str, quiet: bool = False, context: Optional[int] = None):
     bar = ProgressBar() if not quiet else None
-    handle = eng.load_model(model, progress=bar)
+    handle = eng.load_model(model, progress=bar, context_length=context)
     if bar:
         bar.done()
     if eng.backend_note and not quiet:
@@ -168,8 +190,10 @@ def _load(eng, model: str, quiet: bool = False):
 def cmd_generate(args) -> int:
     from .engine import Finished, TextDelta
 
+    if not args.prompt.strip():   # refused before a model is loaded (that takes a while)
+        raise SystemExit("hearth: the prompt is empty; give the text to continue with --prompt TEXT")
     eng = _engine(args)
-    handle = _load(eng, args.model, quiet=args.json)
+    handle = _load(eng, args.model, quiet=args.json, context=args.context)
     text, stats = "", None
     for event in eng.generate(handle.id, args.prompt, _params(args), chat=args.chat):
         if isinstance(event, TextDelta):
@@ -181,42 +205,71 @@ def cmd_generate(args) -> int:
     if args.json:
         print(json.dumps({"model": handle.id, "backend": handle.backend, "text": text, "stats": stats.to_dict()}))
     else:
+        note = _stop_note(stats)
         print(f"\n\n[{stats.generated_tokens} tokens, {stats.tokens_per_s:.1f} tok/s, first token "
-              f"{stats.ttft_s * 1000:.0f} ms, {stats.stop_reason}]", file=sys.stderr)
+              f"{stats.ttft_s * 1000:.0f} ms, {stats.stop_reason}]" + (f"\n[{note}]" if note else ""),
+              file=sys.stderr)
     return 0
+
+
+def _chat_store():
+    """The app's chat database (Qt-free), so a terminal chat shows up in the app's chat list."""
+    from app.store import ChatStore
+
+    return ChatStore()
 
 
 def cmd_chat(args) -> int:
     from .engine import Finished, TextDelta
 
     eng = _engine(args)
-    handle = _load(eng, args.model)
+    handle = _load(eng, args.model, context=args.context)
     sid = eng.create_session(handle.id, system_prompt=args.system)
-    print(f"Chatting with {handle.id} on {handle.backend}. Empty line or Ctrl-D to quit; Ctrl-C stops a reply.")
+    print(f"Chatting with {handle.id} on {handle.backend}. Type /quit or press Ctrl-D to end; Ctrl-C stops a reply.")
     params = _params(args)
-    while True:
-        try:
-            user = input("\nyou> ").strip()
-        except (EOFError, KeyboardInterrupt):
-            print()
-            return 0
-        if not user:
-            return 0
-        print("assistant> ", end="", flush=True)
-        events = eng.chat(sid, user, params)
-        try:
-            for event in events:
-                if isinstance(event, TextDelta):
-                    print(event.text, end="", flush=True)
-                elif isinstance(event, Finished):
-                    s = event.stats
-                    print(f"\n  [{s.generated_tokens} tokens, {s.tokens_per_s:.1f} tok/s, context "
-                          f"{s.context_used:,}/{s.context_limit:,}]")
-        except KeyboardInterrupt:
-            eng.cancel(sid)
-            for event in events:
-                pass
-            print("\n  [stopped]")
+    store, chat = _chat_store(), None
+    try:
+        while True:
+            try:
+                user = input("\nyou> ").strip()
+            except (EOFError, KeyboardInterrupt):
+                print()
+                break
+            if not user:      # an Enter typed while a reply streamed: ignore it, never end the session
+                continue
+            if user in ("/quit", "/exit"):
+                break
+            if chat is None:
+                chat = store.create_chat(" ".join(user.split())[:48], handle.id, args.system or "",
+                                         {"temperature": params.temperature, "max_tokens": params.max_tokens})
+            store.add_message(chat.id, "user", user)
+            print("assistant> ", end="", flush=True)
+            events = eng.chat(sid, user, params)
+            text, stats = "", None
+            try:
+                for event in events:
+                    if isinstance(event, TextDelta):
+                        text += event.text
+                        print(event.text, end="", flush=True)
+                    elif isinstance(event, Finished):
+                        stats = event.stats
+                        note = _stop_note(stats)
+                        print(f"\n  [{stats.generated_tokens} tokens, {stats.tokens_per_s:.1f} tok/s, context "
+                              f"{stats.context_used:,}/{stats.context_limit:,}" + (f"; {note}" if note else "") + "]")
+            except KeyboardInterrupt:
+                eng.cancel(sid)
+                for event in events:
+                    pass
+                print("\n  [stopped]")
+            store.add_message(chat.id, "assistant", text, state="complete" if stats else "stopped",
+                              model_id=handle.id, params={"temperature": params.temperature, "seed": params.seed,
+                                                          "max_tokens": params.max_tokens},
+                              seed=getattr(stats, "seed", None), stats=stats.to_dict() if stats else None)
+    finally:
+        if chat is not None:
+            print(f"Saved as the chat “{store.chat(chat.id).title}” (open it in the app).", file=sys.stderr)
+        store.close()
+    return 0
 
 
 def cmd_quantize(args) -> int:
@@ -290,6 +343,7 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--backend", default="auto", choices=["auto", "torch", "cuda-native"])
         p.add_argument("--precision", default=None, choices=["fast", "exact"],
                        help="cuda-native: fast (16-bit products, the default) or exact (fp32-accurate)")
+        p.add_argument("--context", type=int, default=None, help="context length to load the model with")
         p.add_argument("--max-tokens", type=int, default=256)
         p.add_argument("--temperature", type=float, default=0.7)
         p.add_argument("--top-k", type=int, default=0)
@@ -330,6 +384,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--allow-host", action="append", default=None, metavar="NAME",
                    help="another name the Host header may carry (default: loopback names and --host)")
     p.set_defaults(func=cmd_serve)
+    p = sub.add_parser("app", help="open the desktop app (the same as `hearth` alone; see `hearth app --help`)",
+                       add_help=False)
+    p.set_defaults(func=None)
 
     p = sub.add_parser("bench", help="measure decode and prefill speed", add_help=False)
     p.set_defaults(func=None)
@@ -359,6 +416,12 @@ def main(argv: Optional[list] = None) -> int:
     except HearthError as exc:
         print(f"hearth: {exc.message}", file=sys.stderr)
         return 1
+    except BrokenPipeError:
+        # `hearth inspect --json | head`: the reader left; say nothing more (and not at exit either)
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 
 
 if __name__ == "__main__":

@@ -87,6 +87,7 @@ class _Session:
     seq: int
     tokens: list = field(default_factory=list)      # exactly the tokens held in the KV cache
     cancel: threading.Event = field(default_factory=threading.Event)
+    request: Optional[Request] = None               # the reply being produced, for reply_progress()
 
 
 @dataclass
@@ -207,6 +208,17 @@ class Engine:
     def inspect(self, path_or_id) -> CheckpointInfo:
         path, _ = self._resolve(path_or_id)
         return inspect_checkpoint(path)
+
+    def check_importable(self, path) -> CheckpointInfo:
+        """Refuse, before anything is copied, a checkpoint whose architecture Hearth cannot run."""
+        from .registry import family_for
+
+        info = inspect_checkpoint(Path(str(path)).expanduser())
+        try:
+            family_for(info.metadata.architecture)
+        except UnsupportedArchitecture as exc:
+            raise UnsupportedArchitecture(f"{exc.message} It was not added to the library.") from None
+        return info
 
     def _weight_bytes_resident(self, info: CheckpointInfo, backend: str) -> int:
         per = 4 if backend == "torch" and self.compute_dtype == "float32" else 2
@@ -420,6 +432,20 @@ class Engine:
         """Ask a running reply to stop; it ends within one decode step (thread-safe)."""
         self._session(session_id).cancel.set()
 
+    def reply_progress(self, session_id: str) -> dict:
+        """Where the session's current reply stands (thread-safe, for a live display): the prompt's
+        length, how much of it is in the cache (a long prompt is read in chunks), tokens generated,
+        and the context used of its limit."""
+        session = self._session(session_id)
+        request = session.request
+        limit = self._model(session.model_id).context_length
+        if request is None:
+            return {"prompt_tokens": 0, "prompt_done": 0, "generated_tokens": 0,
+                    "context_used": len(session.tokens), "context_limit": limit}
+        prompt = request.start_length + len(request.prompt)
+        return {"prompt_tokens": prompt, "prompt_done": request.start_length + request.prefilled,
+                "generated_tokens": request.generated, "context_used": request.cached, "context_limit": limit}
+
     def session_tokens(self, session_id: str) -> list[int]:
         """The tokens held in the session's KV cache (tests)."""
         return list(self._session(session_id).tokens)
@@ -556,6 +582,7 @@ class Engine:
         state.constraint, state.observer = constraint, observer
         request = Request(seq=session.seq, prompt=tokens[common:], state=state, max_tokens=params.max_tokens,
                           eos_ids=tokenizer.eos_ids, context_limit=limit, start_length=common, cancel=session.cancel)
+        session.request = request
         loaded.loop.submit(request)
         stream = tokenizer.stream()
         text, held, stopped = "", "", False

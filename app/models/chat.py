@@ -2,7 +2,7 @@
 
 Qt-free. Every change goes to the ChatStore at once (a streaming reply on each flush), then
 listeners hear about it: listener(event, payload) with events "opened", "message-added",
-"message-updated", "messages-truncated", "streaming-started", "streaming-finished".
+"message-updated", "messages-truncated", "messages-reset", "streaming-started", "streaming-finished".
 """
 from __future__ import annotations
 
@@ -11,9 +11,20 @@ from typing import Optional
 
 from .observable import Observable
 
-from ..store import COMPLETE, ERROR, STOPPED, STREAMING, ChatStore, StoredChat, StoredMessage
+from ..store import COMPLETE, ERROR, STOPPED, STREAMING, ChatStore, StoredChat, StoredMessage, reply_of
 
 TITLE_CHARS = 48
+
+
+def alternatives_of(message: StoredMessage) -> list:
+    """Every other reply kept for this message (regenerate), in order, this one not included."""
+    return list((message.alternatives or {}).get("others", []))
+
+
+def alternative_position(message: StoredMessage) -> tuple:
+    """(index, count) of the reply shown among its alternatives; count 0 when it has none."""
+    others = alternatives_of(message)
+    return (int(message.alternatives.get("index", 0)), len(others) + 1) if others else (0, 0)
 
 
 @dataclass(frozen=True)
@@ -32,16 +43,26 @@ class ChatState(Observable):
     store: ChatStore
     chat: Optional[StoredChat] = None
     messages: list = field(default_factory=list)      # [StoredMessage]
-    streaming: Optional[StoredMessage] = None
+    streams: dict = field(default_factory=dict)       # chat id -> its reply being streamed (several at once)
     _listeners: list = field(default_factory=list)
 
     # --- choosing a chat -------------------------------------------------------------------
     def open(self, chat_id: str) -> None:
         self.chat = self.store.chat(chat_id)
         self.messages = self.store.messages(chat_id)
-        if self.streaming is not None:   # a reply still streaming (maybe into this chat): keep it live
-            self.messages = [self.streaming if m.id == self.streaming.id else m for m in self.messages]
+        live = self.streams.get(chat_id)
+        if live is not None:   # a reply still streaming into this chat: keep it live
+            self.messages = [live if m.id == live.id else m for m in self.messages]
         self._emit("opened", self.chat)
+
+    @property
+    def streaming(self) -> Optional[StoredMessage]:
+        """The open chat's reply being streamed, if any."""
+        return self.streams.get(self.chat.id) if self.chat is not None else None
+
+    @property
+    def any_busy(self) -> bool:
+        return bool(self.streams)
 
     def new_chat(self, model_id: Optional[str] = None, system_prompt: str = "",
                  params: Optional[dict] = None) -> StoredChat:
@@ -55,6 +76,7 @@ class ChatState(Observable):
 
     @property
     def busy(self) -> bool:
+        """The open chat is replying (other chats may be too)."""
         return self.streaming is not None
 
     def set_system_prompt(self, text: str) -> None:
@@ -86,11 +108,63 @@ class ChatState(Observable):
                 and any(m.role == "user" for m in self.messages))
 
     def regenerate(self, model_id: str, weights_sha256: Optional[str], params: dict) -> GenerationRequest:
-        """Replace the last reply with a new one to the same history."""
+        """A new reply to the same history; the earlier ones stay as alternatives to page through."""
         self._require_idle()
         if not self.can_regenerate():
             raise ValueError("there is no reply to regenerate")
+        old = self.messages[-1]
+        others = alternatives_of(old)
+        if old.state != ERROR:     # a failed reply is not worth keeping
+            others.insert(int((old.alternatives or {}).get("index", 0)) if others else 0, reply_of(old))
         self._truncate(len(self.messages) - 1)
+        request = self._start_reply(model_id, weights_sha256, params)
+        if others:
+            self.streaming.alternatives = {"index": len(others), "others": others}
+            self.store.update_message(self.streaming.id, alternatives=self.streaming.alternatives)
+        return request
+
+    def show_alternative(self, message_id: int, step: int) -> None:
+        """Page through a reply's alternatives (‹ ›): the one shown is the one the chat continues from."""
+        self._require_idle()
+        message = next((m for m in self.messages if m.id == message_id), None)
+        if message is None or not message.alternatives:
+            return
+        index = int(message.alternatives.get("index", 0))
+        replies = list(message.alternatives.get("others", []))
+        replies.insert(index, reply_of(message))
+        target = max(0, min(len(replies) - 1, index + step))
+        if target == index:
+            return
+        chosen = replies.pop(target)
+        for name, value in chosen.items():
+            setattr(message, name, value)
+        message.alternatives = {"index": target, "others": replies}
+        self.store.update_message(message.id, reply=chosen, alternatives=message.alternatives)
+        self._emit("message-updated", message)
+
+    def delete_message(self, message_id: int) -> None:
+        """Remove one message (a failed reply, say) from the chat and the store."""
+        self._require_idle()
+        message = next((m for m in self.messages if m.id == message_id), None)
+        if message is None:
+            return
+        self.store.delete_message(message_id)
+        self.messages.remove(message)
+        self._emit("messages-reset", self.messages)
+
+    def edit_message(self, message_id: int, text: str, model_id: str, weights_sha256: Optional[str],
+                     params: dict) -> GenerationRequest:
+        """Replace one of your messages (any, not only the last), drop what came after it, ask again.
+        The engine reuses its cached prefix up to the edit."""
+        self._require_idle()
+        index = next((i for i, m in enumerate(self.messages) if m.id == message_id), None)
+        if index is None or self.messages[index].role != "user":
+            raise ValueError("only your own messages can be edited")
+        text = text.strip()
+        if not text:
+            raise ValueError("nothing to send")
+        self._truncate(index)
+        self._add("user", text)
         return self._start_reply(model_id, weights_sha256, params)
 
     def last_user_text(self) -> Optional[str]:
@@ -111,37 +185,47 @@ class ChatState(Observable):
         return self._start_reply(model_id, weights_sha256, params)
 
     # --- the reply as it streams --------------------------------------------------------------
-    def append(self, text: str) -> None:
-        if self.streaming is not None and text:
-            self.streaming.content += text
-            self._emit("message-updated", self.streaming)
+    def _stream(self, chat_id: Optional[str]) -> Optional[StoredMessage]:
+        if chat_id is None:
+            return self.streaming
+        return self.streams.get(chat_id)
 
-    def flush(self) -> None:
+    def stream_for_reply(self, reply_id: int) -> Optional[StoredMessage]:
+        return next((m for m in self.streams.values() if m.id == reply_id), None)
+
+    def append(self, text: str, chat_id: Optional[str] = None) -> None:
+        message = self._stream(chat_id)
+        if message is not None and text:
+            message.content += text
+            self._emit("message-updated", message)
+
+    def flush(self, chat_id: Optional[str] = None) -> None:
         """Write what has been shown so far; cheap (one UPDATE in WAL mode)."""
-        if self.streaming is not None:
-            self.store.update_message(self.streaming.id, content=self.streaming.content)
+        message = self._stream(chat_id)
+        if message is not None:
+            self.store.update_message(message.id, content=message.content)
 
-    def finish(self, stats: Optional[dict]) -> None:
-        if self.streaming is None:
+    def finish(self, stats: Optional[dict], chat_id: Optional[str] = None) -> None:
+        message = self._stream(chat_id)
+        if message is None:
             return
         reason = (stats or {}).get("stop_reason")
-        message = self.streaming
         message.state = STOPPED if reason == "cancelled" else COMPLETE
         message.stats = stats
         self.store.update_message(message.id, content=message.content, state=message.state, stats=stats)
-        self.streaming = None
+        del self.streams[message.chat_id]
         self._emit("message-updated", message)
         self._emit("streaming-finished", message)
 
-    def fail(self, error: str) -> None:
+    def fail(self, error: str, chat_id: Optional[str] = None) -> None:
         """The engine raised: keep the partial reply, mark it."""
-        if self.streaming is None:
+        message = self._stream(chat_id)
+        if message is None:
             return
-        message = self.streaming
         message.state = ERROR
         message.stats = {"error": error}
         self.store.update_message(message.id, content=message.content, state=ERROR, stats=message.stats)
-        self.streaming = None
+        del self.streams[message.chat_id]
         self._emit("message-updated", message)
         self._emit("streaming-finished", message)
 
@@ -174,6 +258,6 @@ class ChatState(Observable):
             self.chat.model_id = model_id
         reply = self._add("assistant", "", state=STREAMING, model_id=model_id,
                           weights_sha256=weights_sha256, params=params, seed=params["seed"])
-        self.streaming = reply
+        self.streams[self.chat.id] = reply
         self._emit("streaming-started", reply)
         return GenerationRequest(self.chat.id, model_id, self.chat.system_prompt or "", turns, params, reply.id)

@@ -11,14 +11,27 @@ from .observable import Observable
 
 
 def human_bytes(n: Optional[int]) -> str:
+    """One unit system everywhere (the app and `hearth`): binary units, 256.6 MiB."""
     if n is None or n < 0:
         return "—"
     value = float(n)
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if value < 1000 or unit == "TB":
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if value < 1024 or unit == "TiB":
             return f"{int(value)} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1000
+        value /= 1024
     return f"{n} B"
+
+
+def human_duration(seconds: Optional[float]) -> str:
+    """850 ms under a second; 41.5 s, then 2 min 5 s: never "41537 ms"."""
+    if seconds is None or seconds < 0:
+        return "—"
+    if seconds < 1:
+        return f"{seconds * 1000:.0f} ms"
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    minutes, rest = divmod(int(round(seconds)), 60)
+    return f"{minutes} min {rest} s"
 
 
 def human_count(n: Optional[int]) -> str:
@@ -57,6 +70,15 @@ class LibraryRow:
     source: str
     parameter_count: Optional[int] = None    # from inspect (the manifest does not carry it)
     loaded: bool = False
+    stored_quantization: str = ""            # what the library copy holds (from inspect): bf16 for a GGUF import
+
+    @property
+    def quantization_label(self) -> str:
+        """One truth: what is stored, and where it came from when that differs ("bf16 (from Q4_1)")."""
+        stored, source = self.stored_quantization, self.quantization
+        if stored and source and stored.lower() != source.lower():
+            return f"{stored} (from {source})"
+        return stored or source
 
     @classmethod
     def from_manifest(cls, m) -> "LibraryRow":
@@ -74,6 +96,7 @@ class LibraryState(Observable):
     rows: list = field(default_factory=list)          # [LibraryRow]
     loaded: set = field(default_factory=set)           # model ids
     _parameter_counts: dict = field(default_factory=dict)
+    _stored_quantizations: dict = field(default_factory=dict)
     _listeners: list = field(default_factory=list)
 
     def set_manifests(self, manifests) -> None:
@@ -82,12 +105,17 @@ class LibraryState(Observable):
             row.loaded = row.id in self.loaded
             if row.parameter_count is None:
                 row.parameter_count = self._parameter_counts.get(row.id)
+            row.stored_quantization = self._stored_quantizations.get(row.id, "")
         self.rows = rows
         self._emit("reset", rows)
 
     def set_parameter_count(self, model_id: str, count: int) -> None:
         self._parameter_counts[model_id] = count
         self._update(model_id, parameter_count=count)
+
+    def set_stored_quantization(self, model_id: str, quantization: str) -> None:
+        self._stored_quantizations[model_id] = quantization
+        self._update(model_id, stored_quantization=quantization)
 
     def set_loaded(self, model_id: str, loaded: bool) -> None:
         (self.loaded.add if loaded else self.loaded.discard)(model_id)

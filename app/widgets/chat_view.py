@@ -1,15 +1,21 @@
 """The conversation: one widget per message, Markdown with highlighted code.
 
 Only the message being streamed re-renders as tokens arrive (at most once per frame, because the
-worker coalesces), so a long chat costs nothing extra per token.
+worker coalesces), so a long chat costs nothing extra per token. A message is cut into text parts
+and code blocks (render.split_segments): a code block is its own read-only editor that scrolls
+sideways instead of wrapping, with its own Copy button. Each message has actions under it: Copy;
+Edit for your messages; Remove for a failed reply; ‹ n/m › to page through a reply's alternatives.
 """
 from __future__ import annotations
 
-from PySide6.QtCore import Qt
-from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QScrollArea, QSizePolicy, QVBoxLayout, QWidget
+from PySide6.QtCore import Qt, Signal
+from PySide6.QtGui import QGuiApplication
+from PySide6.QtWidgets import (QFrame, QHBoxLayout, QLabel, QScrollArea, QSizePolicy, QTextEdit, QToolButton,
+                               QVBoxLayout, QWidget)
 
 from .. import theme
-from ..render import render_markdown
+from ..models.library import human_duration
+from ..render import code_html, render_markdown, split_segments
 from ..store import ERROR, STOPPED, STREAMING
 
 
@@ -25,16 +31,84 @@ def stats_line(message) -> str:
     if s.get("tokens_per_s"):
         parts.append(f"{s['tokens_per_s']:.1f} tok/s")
     if s.get("ttft_s") is not None:
-        parts.append(f"TTFT {s['ttft_s'] * 1000:.0f} ms")
+        parts.append(f"first token {human_duration(s['ttft_s'])}")
     reason = s.get("stop_reason")
     if reason in ("max-tokens", "context-full"):
         parts.append({"max-tokens": "hit max tokens", "context-full": "context full"}[reason])
+    if s.get("context_note"):
+        parts.append(str(s["context_note"]))
     if message.seed is not None and message.role == "assistant":
         parts.append(f"seed {message.seed}")
     return "  ·  ".join(parts)
 
 
+def copy_text(text: str) -> None:
+    QGuiApplication.clipboard().setText(text)
+
+
+def _action(text: str, accessible: str, tip: str = "") -> QToolButton:
+    b = QToolButton()
+    b.setObjectName("messageAction")
+    b.setText(text)
+    b.setAccessibleName(accessible)
+    b.setToolTip(tip or accessible)
+    b.setCursor(Qt.PointingHandCursor)
+    return b
+
+
+class CodeBlock(QFrame):
+    """One fenced code block: language, Copy, and the code in an editor that scrolls sideways."""
+
+    def __init__(self, language: str, code: str, parent=None):
+        super().__init__(parent)
+        self.setObjectName("codeBlock")
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(10, 6, 6, 6)
+        layout.setSpacing(2)
+        head = QHBoxLayout()
+        self.language = QLabel()
+        self.language.setObjectName("caption")
+        head.addWidget(self.language)
+        head.addStretch(1)
+        self.copy_button = _action("Copy", "Copy this code block")
+        self.copy_button.clicked.connect(lambda: copy_text(self.code))
+        head.addWidget(self.copy_button)
+        layout.addLayout(head)
+        self.view = QTextEdit()
+        self.view.setObjectName("code")
+        self.view.setReadOnly(True)
+        self.view.setLineWrapMode(QTextEdit.NoWrap)
+        self.view.setHorizontalScrollBarPolicy(Qt.ScrollBarAsNeeded)
+        self.view.setVerticalScrollBarPolicy(Qt.ScrollBarAlwaysOff)
+        self.view.setFrameShape(QFrame.NoFrame)
+        self.view.setAccessibleName("Code")
+        self.view.setTabChangesFocus(True)
+        self.view.setSizePolicy(QSizePolicy.Expanding, QSizePolicy.Fixed)
+        layout.addWidget(self.view)
+        self.code = ""
+        self.set_code(language, code)
+
+    def set_code(self, language: str, code: str) -> None:
+        if code == self.code and self.language.text() == (language or "code"):
+            return
+        self.code = code
+        self.language.setText(language or "code")
+        self.view.setHtml(code_html(code, language, theme.current().markdown))
+        self._fit()
+
+    def _fit(self) -> None:
+        lines = max(1, self.code.count("\n") + 1)
+        line = self.view.fontMetrics().lineSpacing()
+        bar = self.view.horizontalScrollBar().sizeHint().height()
+        self.view.setFixedHeight(lines * line + bar + 14)
+
+
 class MessageWidget(QFrame):
+    copy_requested = Signal(object)        # the message
+    edit_requested = Signal(object)
+    remove_requested = Signal(object)
+    alternative_requested = Signal(object, int)   # the message, +1 / -1
+
     def __init__(self, message, model_name: str = "", parent=None):
         super().__init__(parent)
         self.message = message
@@ -46,37 +120,131 @@ class MessageWidget(QFrame):
         self.role = QLabel("You" if user else (model_name or message.model_id or "Assistant"))
         self.role.setObjectName("role")
         layout.addWidget(self.role)
-        self.body = QLabel()
-        self.body.setObjectName("messageBody")
-        self.body.setTextFormat(Qt.RichText)
-        self.body.setWordWrap(True)
-        self.body.setOpenExternalLinks(True)
-        self.body.setTextInteractionFlags(Qt.TextSelectableByMouse | Qt.LinksAccessibleByMouse)
-        self.body.setSizePolicy(QSizePolicy.Preferred, QSizePolicy.Minimum)
-        self.body.setAccessibleName("Your message" if user else "Reply")
-        layout.addWidget(self.body)
+        self.parts_layout = QVBoxLayout()
+        self.parts_layout.setSpacing(6)
+        layout.addLayout(self.parts_layout)
+        self.parts: list = []                # [(kind, widget)]
+        self.body = self._text_part()         # the first text part (kept for tests and screen readers)
         self.footer = QLabel()
         self.footer.setObjectName("caption")
         self.footer.setAccessibleName("Message details")
+        self.footer.setWordWrap(True)
         layout.addWidget(self.footer)
+        actions = QHBoxLayout()
+        actions.setSpacing(2)
+        self.copy_button = _action("Copy", "Copy this message")
+        self.copy_button.clicked.connect(lambda: copy_text(self.message.content))
+        self.edit_button = _action("Edit", "Edit this message", "Edit this message and ask again from here")
+        self.edit_button.clicked.connect(lambda: self.edit_requested.emit(self.message))
+        self.remove_button = _action("Remove", "Remove this reply")
+        self.remove_button.clicked.connect(lambda: self.remove_requested.emit(self.message))
+        self.previous_button = _action("‹", "Previous alternative reply")
+        self.previous_button.clicked.connect(lambda: self.alternative_requested.emit(self.message, -1))
+        self.alternatives = QLabel("")
+        self.alternatives.setObjectName("caption")
+        self.alternatives.setAccessibleName("Alternative replies")
+        self.next_button = _action("›", "Next alternative reply")
+        self.next_button.clicked.connect(lambda: self.alternative_requested.emit(self.message, 1))
+        for w in (self.previous_button, self.alternatives, self.next_button, self.copy_button, self.edit_button,
+                  self.remove_button):
+            actions.addWidget(w)
+        actions.addStretch(1)
+        layout.addLayout(actions)
+        self.alternative_count = (0, 0)       # (index, count): shown when count > 1
+        self.busy = False                     # a reply is streaming: no edits anywhere
+        self.waiting_text = ""
         self.refresh()
+
+    def _text_part(self) -> QLabel:
+        label = QLabel()
+        label.setObjectName("messageBody")
+        label.setTextFormat(Qt.RichText)
+        label.setWordWrap(True)
+        label.setOpenExternalLinks(True)
+        label.setTextInteractionFlags(Qt.TextSelectableByMouse | Qt.LinksAccessibleByMouse)
+        label.setSizePolicy(QSizePolicy.Preferred, QSizePolicy.Minimum)
+        label.setAccessibleName("Your message" if self.message.role == "user" else "Reply")
+        self.parts_layout.addWidget(label)
+        self.parts.append(("text", label))
+        return label
+
+    def set_alternatives(self, index: int, count: int) -> None:
+        self.alternative_count = (index, count)
+        self._refresh_actions()
+
+    def set_busy(self, busy: bool) -> None:
+        self.busy = busy
+        self._refresh_actions()
+
+    def show_waiting(self, text: str) -> None:
+        """What shows before the first token (e.g. how much of a long prompt has been read)."""
+        self.waiting_text = text
+        if self.message.state == STREAMING and not self.message.content:
+            self.refresh()
 
     def refresh(self) -> None:
         m = self.message
-        text = m.content
-        if m.state == STREAMING and not text:
-            self.body.setText(f"<span style='color:{theme.current().muted}'>Thinking…</span>")
+        if m.state == STREAMING and not m.content:
+            self._set_segments([("text", "", "")])
+            self.body.setText(f"<span style='color:{theme.current().muted}'>"
+                              f"{self.waiting_text or 'Thinking…'}</span>")
         else:
-            self.body.setText(render_markdown(text, theme.current().markdown))
+            self._set_segments(split_segments(m.content) if m.role == "assistant" else [("text", "", m.content)])
         line = "" if m.state == STREAMING else stats_line(m)
         self.footer.setText(line)
         self.footer.setVisible(bool(line))
+        self._refresh_actions()
+
+    def _set_segments(self, segments) -> None:
+        kinds = [k for k, _ in self.parts]
+        wanted = [k for k, _, _ in segments]
+        if kinds != wanted:        # the structure changed (a code fence opened): rebuild the parts
+            for _, w in self.parts:
+                w.setParent(None)
+                w.deleteLater()
+            self.parts = []
+            for kind, language, text in segments:
+                if kind == "code":
+                    block = CodeBlock(language, text)
+                    self.parts_layout.addWidget(block)
+                    self.parts.append(("code", block))
+                else:
+                    self._text_part()
+            self.body = next((w for k, w in self.parts if k == "text"), None) or self._text_part()
+        palette = theme.current().markdown
+        for (kind, widget), (_, language, text) in zip(self.parts, segments):
+            if kind == "code":
+                widget.set_code(language, text)
+            else:
+                widget.setText(render_markdown(text, palette))
+
+    def _refresh_actions(self) -> None:
+        m = self.message
+        streaming = m.state == STREAMING
+        index, count = self.alternative_count
+        for w in (self.previous_button, self.alternatives, self.next_button):
+            w.setVisible(count > 1)
+        self.alternatives.setText(f"{index + 1} / {count}" if count > 1 else "")
+        self.previous_button.setEnabled(not self.busy and index > 0)
+        self.next_button.setEnabled(not self.busy and index < count - 1)
+        self.copy_button.setVisible(not streaming and bool(m.content))
+        self.edit_button.setVisible(m.role == "user")
+        self.edit_button.setEnabled(not self.busy)
+        self.remove_button.setVisible(m.role == "assistant" and m.state == ERROR)
+        self.remove_button.setEnabled(not self.busy)
+
+    def code_blocks(self) -> list:
+        return [w for k, w in self.parts if k == "code"]
 
     def plain_text(self) -> str:
         return self.body.text()
 
 
 class ChatView(QScrollArea):
+    edit_requested = Signal(object)
+    remove_requested = Signal(object)
+    alternative_requested = Signal(object, int)
+
     def __init__(self, parent=None):
         super().__init__(parent)
         self.setWidgetResizable(True)
@@ -104,6 +272,8 @@ class ChatView(QScrollArea):
         self.setWidget(self.container)
         self.widgets: list[MessageWidget] = []
         self.model_names: dict = {}
+        self.alternatives: dict = {}        # message id -> (index, count)
+        self.busy = False
         self._stick_to_bottom = True
         self.verticalScrollBar().rangeChanged.connect(self._range_changed)
         self.verticalScrollBar().valueChanged.connect(self._scrolled)
@@ -125,18 +295,35 @@ class ChatView(QScrollArea):
 
     def add_message(self, message) -> MessageWidget:
         w = MessageWidget(message, self.model_names.get(message.model_id, ""))
+        w.edit_requested.connect(self.edit_requested)
+        w.remove_requested.connect(self.remove_requested)
+        w.alternative_requested.connect(self.alternative_requested)
+        w.set_alternatives(*self.alternatives.get(message.id, (0, 0)))
+        w.set_busy(self.busy)
         self.layout_.insertWidget(self.layout_.count() - 1, w)
         self.widgets.append(w)
         self.empty.hide()
         self._stick_to_bottom = True
         return w
 
+    def widget_for(self, message_id: int):
+        return next((w for w in reversed(self.widgets) if w.message.id == message_id), None)
+
     def update_message(self, message) -> None:
-        for w in reversed(self.widgets):
-            if w.message.id == message.id:
-                w.message = message
-                w.refresh()
-                return
+        w = self.widget_for(message.id)
+        if w is not None:
+            w.message = message
+            w.refresh()
+
+    def set_alternatives(self, alternatives: dict) -> None:
+        self.alternatives = dict(alternatives)
+        for w in self.widgets:
+            w.set_alternatives(*self.alternatives.get(w.message.id, (0, 0)))
+
+    def set_busy(self, busy: bool) -> None:
+        self.busy = busy
+        for w in self.widgets:
+            w.set_busy(busy)
 
     def truncate(self, keep: int) -> None:
         for w in self.widgets[keep:]:
@@ -146,6 +333,9 @@ class ChatView(QScrollArea):
 
     def rerender(self) -> None:
         for w in self.widgets:
+            for kind, part in w.parts:
+                if kind == "code":
+                    part.code = None     # force a re-highlight in the new palette
             w.refresh()
 
     def _scrolled(self, value: int) -> None:

@@ -92,9 +92,11 @@ class Composer(QFrame):
         self.edit_button.setEnabled(can_edit and not generating)
         self.status.setText(status)
 
-    def begin_edit(self, text: str) -> None:
+    def begin_edit(self, text: str, last: bool = True) -> None:
         self.editing = True
         self.edit.setPlainText(text)
+        self.edit_hint.setText("Editing your last message: Enter resends it, Esc cancels" if last else
+                               "Editing an earlier message: Enter resends it and drops what came after; Esc cancels")
         self.edit_hint.show()
         self.send_button.setText("Resend")
         self.edit.setFocus()

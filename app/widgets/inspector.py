@@ -15,6 +15,15 @@ from PySide6.QtWidgets import (QAbstractItemView, QFileDialog, QFormLayout, QFra
 from ..models.library import human_bytes, human_count
 
 TENSOR_COLUMNS = ("Name", "Dtype", "Shape", "Bytes", "File")
+EMPTY_HINT = ("Nothing inspected yet. Open a GGUF file or a Hugging Face folder above, or press Inspect on the "
+              "Models page; the model you load shows here too.")
+
+
+def natural_key(name: str) -> str:
+    """layers.2 before layers.10: every run of digits compared as a number (zero-padded text, which
+    the proxy model compares as a plain string)."""
+    import re
+    return re.sub(r"\d+", lambda m: m.group().zfill(10), name)
 
 
 class TensorTableModel(QAbstractTableModel):
@@ -25,7 +34,7 @@ class TensorTableModel(QAbstractTableModel):
 
     def set_tensors(self, tensors, formats=None) -> None:
         self.beginResetModel()
-        self.tensors = list(tensors)
+        self.tensors = sorted(tensors, key=lambda t: natural_key(t.name))
         self.formats = dict(formats or {})
         self.endResetModel()
 
@@ -55,7 +64,7 @@ class TensorTableModel(QAbstractTableModel):
         if role == Qt.DisplayRole:
             return (t.name, self.dtype_text(t), " × ".join(str(d) for d in t.shape), human_bytes(t.bytes), t.file)[col]
         if role == Qt.UserRole:   # sort keys
-            return (t.name, t.dtype, tuple(t.shape), t.bytes, t.file)[col]
+            return (natural_key(t.name), t.dtype, "x".join(f"{d:012d}" for d in t.shape), t.bytes, t.file)[col]
         if role == Qt.TextAlignmentRole and col == 3:
             return int(Qt.AlignRight | Qt.AlignVCenter)
         if role == Qt.ToolTipRole:
@@ -121,6 +130,7 @@ class Inspector(QWidget):
         super().__init__(parent)
         self.setObjectName("page")
         self.info = None
+        self.key = ""
         layout = QVBoxLayout(self)
         layout.setContentsMargins(24, 20, 24, 20)
         layout.setSpacing(12)
@@ -146,7 +156,8 @@ class Inspector(QWidget):
         head.addWidget(self.open_file, 0, Qt.AlignTop)
         layout.addLayout(head)
 
-        self.summary = QLabel("")
+        self.summary = QLabel(EMPTY_HINT)
+        self.summary.setWordWrap(True)
         self.summary.setObjectName("sectionTitle")
         self.summary.setAccessibleName("Inspection summary")
         layout.addWidget(self.summary)
@@ -247,8 +258,9 @@ class Inspector(QWidget):
             val.setAccessibleName(label)
             form.addRow(key, val)
 
-    def show_info(self, key: str, info, name: str = "") -> None:
+    def show_info(self, key: str, info, name: str = "", source_quantization: str = "") -> None:
         self.info = info
+        self.key = key
         meta = _fields(info.metadata)
         dec = _fields(info.decoder)
         n_tensors = len(info.tensors)
@@ -262,7 +274,10 @@ class Inspector(QWidget):
             ("Architecture", _value(meta.get("architecture"))),
             ("Model type", _value(meta.get("model_type"))),
             ("Parameters", f"{params:,}"),
-            ("Quantization", _value(meta.get("quantization"))),
+            ("Quantization", _value(meta.get("quantization")) + (
+                f" (imported from {source_quantization})"
+                if source_quantization and source_quantization.lower() != str(meta.get("quantization")).lower()
+                else "")),
             ("Tensor types", ", ".join(f"{k} × {v}" for k, v in dtypes.items()) or "—"),
             ("Context length", _value(meta.get("context_length"))),
             ("Vocabulary", _value(meta.get("vocab_size"))),

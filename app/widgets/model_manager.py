@@ -44,7 +44,7 @@ class LibraryTableModel(QAbstractTableModel):
         col = index.column()
         if role == Qt.DisplayRole:
             return (row.name, row.architecture or "—", human_count(row.parameter_count),
-                    row.quantization or "—", human_bytes(row.bytes),
+                    row.quantization_label or "—", human_bytes(row.bytes),
                     f"{row.context_length:,}" if row.context_length else "—",
                     "● Loaded" if row.loaded else "Not loaded")[col]
         if role == Qt.ForegroundRole and col == 6:
@@ -212,6 +212,11 @@ class ModelManager(QWidget):
         context_row.addWidget(context_caption)
         context_row.addWidget(self.context_box)
         context_row.addWidget(self.suggest_button)
+        self.context_reason = QLabel("")
+        self.context_reason.setObjectName("caption")
+        self.context_reason.setAccessibleName("Why the context length cannot be changed")
+        self.context_reason.hide()
+        context_row.addWidget(self.context_reason)
         context_row.addStretch(1)
         card.addLayout(context_row)
         self._showing_plan = False
@@ -299,7 +304,14 @@ class ModelManager(QWidget):
         self.quantize_button.setEnabled(row is not None and not self.busy and row.quantization != "nvfp4")
         self.load_button.setEnabled(row is not None and not row.loaded and not self.busy)
         self.unload_button.setEnabled(row is not None and row.loaded and not self.busy)
-        self.context_box.setEnabled(row is not None and not row.loaded and not self.busy)
+        editable = row is not None and not row.loaded and not self.busy
+        self.context_box.setEnabled(editable)
+        # a disabled field says why (a loaded model's KV cache is already sized)
+        reason = ("Unload the model to change its context length" if row is not None and row.loaded else
+                  "Wait for the current task to finish" if row is not None and self.busy else "")
+        self.context_reason.setText(reason)
+        self.context_reason.setVisible(bool(reason))
+        self.context_box.setToolTip(reason or "The context length the memory plan and the next load use")
         if row is None:
             self.detail_title.setText("Select a model to see whether it fits")
             self.path_label.setText("")

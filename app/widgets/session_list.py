@@ -19,6 +19,17 @@ def _when(ts: float) -> str:
     return time.strftime("%d %b", time.localtime(ts))
 
 
+class ChatListWidget(QListWidget):
+    """Delete (or Backspace, as on a Mac) asks to delete the selected chat."""
+    delete_pressed = Signal()
+
+    def keyPressEvent(self, event) -> None:
+        if event.key() in (Qt.Key_Delete, Qt.Key_Backspace) and self.currentItem() is not None:
+            self.delete_pressed.emit()
+            return
+        super().keyPressEvent(event)
+
+
 class SessionList(QFrame):
     new_requested = Signal()
     open_requested = Signal(str)
@@ -45,7 +56,7 @@ class SessionList(QFrame):
         self.search.setClearButtonEnabled(True)
         self.search.textChanged.connect(self.search_changed)
         layout.addWidget(self.search)
-        self.list = QListWidget()
+        self.list = ChatListWidget()
         self.list.setAccessibleName("Chats")
         self.list.setFrameShape(QFrame.NoFrame)
         self.list.setStyleSheet("QListWidget { border: none; }")
@@ -59,6 +70,7 @@ class SessionList(QFrame):
         self.list.currentItemChanged.connect(self._current)
         self.list.itemDoubleClicked.connect(lambda item: self.rename(item.data(Qt.UserRole)))
         layout.addWidget(self.list, 1)
+        self.list.delete_pressed.connect(lambda: self.confirm_delete(self.current_id()))
         self._quiet = False
 
     def set_chats(self, chats, current_id: str = "") -> None:

@@ -2,11 +2,13 @@
 from __future__ import annotations
 
 from PySide6.QtCore import Qt, QTimer, Signal
-from PySide6.QtWidgets import (QDoubleSpinBox, QFormLayout, QFrame, QGridLayout, QLabel, QPlainTextEdit,
+from PySide6.QtWidgets import (QComboBox, QDoubleSpinBox, QFormLayout, QFrame, QGridLayout, QLabel, QPlainTextEdit,
                                QProgressBar, QScrollArea, QSpinBox, QVBoxLayout, QWidget)
 
 DEFAULT_PARAMS = {"temperature": 0.7, "top_p": 0.95, "top_k": 40, "min_p": 0.05,
-                  "repetition_penalty": 1.1, "seed": None, "max_tokens": 512}
+                  "repetition_penalty": 1.1, "seed": None, "max_tokens": 512, "context_policy": "stop"}
+POLICY_LABELS = (("stop", "Stop and say so"), ("drop-oldest", "Drop the oldest turns"),
+                 ("rolling", "Rolling window (half the context)"))
 
 
 class SettingsPanel(QScrollArea):
@@ -71,6 +73,18 @@ class SettingsPanel(QScrollArea):
         self.seed = self._int(form, "Seed", -1, 2**31 - 1, "random")
         self.max_tokens = self._int(form, "Max tokens", 1, 32768)
         sampling.addLayout(form)
+        self.context_policy = QComboBox()
+        self.context_policy.setAccessibleName("When the chat outgrows the context")
+        self.context_policy.setToolTip("When this chat no longer fits in the loaded context: stop with that "
+                                       "message, drop the oldest turns (the system prompt stays), or keep a "
+                                       "rolling window of the newest turns")
+        for value, label in POLICY_LABELS:
+            self.context_policy.addItem(label, value)
+        self.context_policy.currentIndexChanged.connect(self._changed)
+        policy_caption = QLabel("When the chat outgrows the context")
+        policy_caption.setObjectName("caption")
+        sampling.addWidget(policy_caption)
+        sampling.addWidget(self.context_policy)
         hint = QLabel("Temperature 0 is greedy. Each reply stores its seed, so it can be reproduced.")
         hint.setObjectName("caption")
         hint.setWordWrap(True)
@@ -129,7 +143,8 @@ class SettingsPanel(QScrollArea):
         return {"temperature": round(self.temperature.value(), 4), "top_p": round(self.top_p.value(), 4),
                 "top_k": self.top_k.value(), "min_p": round(self.min_p.value(), 4),
                 "repetition_penalty": round(self.repetition_penalty.value(), 4),
-                "seed": None if seed < 0 else seed, "max_tokens": self.max_tokens.value()}
+                "seed": None if seed < 0 else seed, "max_tokens": self.max_tokens.value(),
+                "context_policy": self.context_policy.currentData() or "stop"}
 
     def set_params(self, params: dict) -> None:
         p = {**DEFAULT_PARAMS, **{k: v for k, v in (params or {}).items() if k in DEFAULT_PARAMS}}
@@ -141,6 +156,8 @@ class SettingsPanel(QScrollArea):
         self.repetition_penalty.setValue(float(p["repetition_penalty"]))
         self.seed.setValue(-1 if p["seed"] is None else int(p["seed"]))
         self.max_tokens.setValue(int(p["max_tokens"]))
+        index = self.context_policy.findData(p["context_policy"])
+        self.context_policy.setCurrentIndex(max(0, index))
         self._quiet = False
 
     def set_system_prompt(self, text: str) -> None:
@@ -156,16 +173,19 @@ class SettingsPanel(QScrollArea):
             self.params_changed.emit(self.params())
 
     def show_live(self, live: dict) -> None:
+        from ..models.library import human_duration
         if live.get("ttft_s") is not None:
-            self.ttft.setText(f"{live['ttft_s'] * 1000:.0f} ms")
+            self.ttft.setText(human_duration(live["ttft_s"]))
         if live.get("tokens_per_s"):
             self.rate.setText(f"{live['tokens_per_s']:.1f}")
+        self.show_context(live.get("context_used"), live.get("context_limit"))
 
     def show_stats(self, stats: dict) -> None:
         self.show_live(stats)
-        used, limit = stats.get("context_used"), stats.get("context_limit")
+
+    def show_context(self, used, limit) -> None:
         if used is not None and limit:
-            self.context_label.setText(f"Context {used:,} / {limit:,} tokens")
+            self.context_label.setText(f"Context {int(used):,} / {int(limit):,} tokens")
             self.context_bar.setRange(0, int(limit))
             self.context_bar.setValue(min(int(used), int(limit)))
 

@@ -6,12 +6,13 @@ import logging
 from pathlib import Path
 from typing import Optional
 
-from PySide6.QtCore import QSettings, QSize, Qt
+from PySide6.QtCore import QSettings, QSize, Qt, QTimer
 from PySide6.QtGui import QIcon, QKeySequence, QShortcut
-from PySide6.QtWidgets import (QButtonGroup, QComboBox, QFrame, QHBoxLayout, QLabel, QMainWindow, QPushButton,
-                               QSizePolicy, QStackedWidget, QToolButton, QVBoxLayout, QWidget)
+from PySide6.QtWidgets import (QButtonGroup, QComboBox, QFileDialog, QFrame, QHBoxLayout, QLabel, QMainWindow,
+                               QMenu, QPushButton, QSizePolicy, QStackedWidget, QToolButton, QVBoxLayout, QWidget)
 
-from ..models.chat import ChatState
+from ..models import export
+from ..models.chat import ChatState, alternative_position
 from ..models.library import LibraryState, human_bytes
 from ..store import ChatStore
 from ..widgets.banner import Banner
@@ -40,6 +41,24 @@ class ElidedLabel(QLabel):
         text = self.fontMetrics().elidedText(self.text(), Qt.ElideRight, self.contentsRect().width())
         painter.drawText(self.contentsRect(), int(Qt.AlignLeft | Qt.AlignVCenter), text)
 
+    def shown_text(self) -> str:
+        return self.fontMetrics().elidedText(self.text(), Qt.ElideRight, self.contentsRect().width())
+
+
+class StatusLabel(ElidedLabel):
+    """A status-bar part: may shrink to nothing (elided), and tells the whole text in its tooltip."""
+
+    def __init__(self, text: str = ""):
+        super().__init__(text)
+        self.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Preferred)
+        self.setMinimumWidth(40)
+        self.setToolTip(text)
+
+    def setText(self, text: str) -> None:
+        super().setText(text)
+        self.setToolTip(text)
+        self.setAccessibleDescription(text)
+
 
 def app_icon() -> QIcon:
     return QIcon(str(RESOURCES / "hearth.svg"))
@@ -61,6 +80,11 @@ class MainWindow(QMainWindow):
         self._library_seen = False
         self._loading_after_install = False   # the first start installs the default model, then loads it
         self._contexts_sent: set[str] = set()   # models whose saved context length the worker knows
+        self._select_after_import = ""          # the library lists a new model only after `imported`
+        self._quiet_inspects: set[str] = set()   # the loaded model, shown in an empty inspector
+        self.drafts: dict[str, str] = {}         # chat id -> unsent composer text
+        self.editing_message_id: Optional[int] = None
+        self._draft_chat = ""                    # the chat whose draft the composer holds
         self.setWindowTitle("Hearth")
         self.setWindowIcon(app_icon())
         self.setMinimumSize(QSize(980, 620))
@@ -168,6 +192,19 @@ class MainWindow(QMainWindow):
         self.settings_toggle.setAccessibleName("Show sampling settings and figures")
         self.settings_toggle.setToolTip("Show or hide the system prompt, sampling and live figures")
         header.addWidget(self.settings_toggle)
+        self.export_button = QToolButton()
+        self.export_button.setText("Export")
+        self.export_button.setAccessibleName("Export or import chats")
+        self.export_button.setToolTip("Export this chat (Markdown or JSON), export all chats, or import a JSON export")
+        self.export_button.setPopupMode(QToolButton.InstantPopup)
+        menu = QMenu(self.export_button)
+        menu.addAction("Export this chat as Markdown…", lambda: self.export_chat_dialog("md"))
+        menu.addAction("Export this chat as JSON…", lambda: self.export_chat_dialog("json"))
+        menu.addAction("Export all chats as JSON…", self.export_all_dialog)
+        menu.addSeparator()
+        menu.addAction("Import chats from JSON…", self.import_chats_dialog)
+        self.export_button.setMenu(menu)
+        header.addWidget(self.export_button)
         middle.addLayout(header)
         self.chat_view = ChatView()
         middle.addWidget(self.chat_view, 1)
@@ -187,11 +224,12 @@ class MainWindow(QMainWindow):
         self.pages.addWidget(self.server_panel)
         self.setCentralWidget(central)
 
-        self.backend_label = QLabel("Starting engine…")
-        self.model_label = QLabel("No model loaded")
-        self.memory_label = QLabel("")
-        for w in (self.backend_label, self.model_label, self.memory_label):
-            self.statusBar().addWidget(w)
+        # Elided, never cut mid-word at the minimum width; the full text is in each tooltip.
+        self.backend_label = StatusLabel("Starting engine…")
+        self.model_label = StatusLabel("No model loaded")
+        self.memory_label = StatusLabel("")
+        for w, stretch in ((self.backend_label, 3), (self.model_label, 2), (self.memory_label, 1)):
+            self.statusBar().addWidget(w, stretch)
         self.statusBar().setSizeGripEnabled(False)
         self.show_page(CHAT)
 
@@ -212,6 +250,14 @@ class MainWindow(QMainWindow):
         c.token.connect(self._token)
         c.metrics.connect(self._metrics)
         c.finished.connect(self._finished_reply)
+        c.context_counted.connect(self._context_counted)
+        c.removed.connect(self._removed)
+        self.chat_view.edit_requested.connect(self.begin_edit_message)
+        self.chat_view.remove_requested.connect(self._remove_message)
+        self.chat_view.alternative_requested.connect(self._page_alternative)
+        self._prompt_timer = QTimer(self)         # "Reading your message: 2,048 of 3,400 tokens"
+        self._prompt_timer.setInterval(250)
+        self._prompt_timer.timeout.connect(self._show_prompt_progress)
 
         self.nav.idClicked.connect(self.show_page)
         self.load_progress.cancel_requested.connect(self.client.cancel_load)
@@ -297,7 +343,10 @@ class MainWindow(QMainWindow):
             self._library_seen = True
             self._start_model()
         selected = self.manager.selected_id()
-        if not selected and self.library.rows:
+        if self._select_after_import and self.library.row(self._select_after_import) is not None:
+            self.manager.select(self._select_after_import)
+            self._select_after_import = ""
+        elif not selected and self.library.rows:
             self.manager.select(self.library.rows[0].id)
 
     def _start_model(self) -> None:
@@ -311,6 +360,10 @@ class MainWindow(QMainWindow):
                 self.load_model(last)
             elif not ids:
                 self._install_default_and_load()
+            elif DEFAULT_MODEL_ID in ids:     # the last model was removed; the default one is still here
+                self.load_model(DEFAULT_MODEL_ID)
+            else:
+                self.banner.show_info("No model loaded", "Choose a model on the Models page and press Load.")
         elif wanted in ids:
             self.load_model(wanted)
         elif wanted in (DEFAULT_MODEL_ID, "default"):
@@ -327,11 +380,18 @@ class MainWindow(QMainWindow):
         count = getattr(info.metadata, "parameter_count", None)
         if self.library.row(key) is not None and count:
             self.library.set_parameter_count(key, int(count))
+        stored = getattr(info.metadata, "quantization", "")
+        if self.library.row(key) is not None and stored:
+            self.library.set_stored_quantization(key, str(stored))
+        row = self.library.row(key)
         if key in self._user_inspects:
             self._user_inspects.discard(key)
-            row = self.library.row(key)
-            self.inspector.show_info(key, info, row.name if row else "")
+            self.inspector.show_info(key, info, row.name if row else "", row.quantization if row else "")
             self.show_page(INSPECT)
+        elif key in self._quiet_inspects:
+            self._quiet_inspects.discard(key)
+            if not self.inspector.key:          # the inspector starts with the loaded model, not empty
+                self.inspector.show_info(key, info, row.name if row else "", row.quantization if row else "")
 
     def _planned(self, key: str, plan: dict) -> None:
         self.manager.show_plan(key, plan)
@@ -348,6 +408,7 @@ class MainWindow(QMainWindow):
             self.client.plan_memory(model_id)
 
     def _imported(self, manifest) -> None:
+        self._select_after_import = manifest.id     # selected once library_changed lists it
         self.manager.select(manifest.id)
         if self._loading_after_install:
             self._loading_after_install = False
@@ -374,13 +435,21 @@ class MainWindow(QMainWindow):
                 self.load_progress.end()
                 self.manager.set_busy(False)
         if op == "generate":
-            streaming = self.chat.streaming
-            if streaming is not None and str(streaming.id) == key:
+            streaming = self.chat.stream_for_reply(int(key)) if key.isdigit() else None
+            if streaming is not None:
                 # no `finished` came for this reply: the engine raised (failed() showed why)
-                self.chat.fail("the engine stopped before finishing")
+                self.chat.fail(getattr(self, "_last_failure", "") or "the engine stopped before finishing",
+                               streaming.chat_id)
+                self._last_failure = ""
             self._show_chat_state()
 
     def _loaded(self, handle) -> None:
+        if self.banner.isVisible() and self.banner.kind == "info" and \
+                self.banner.title.text() in ("Default model installed", "No model loaded"):
+            self.banner.hide()      # the first-start note is done once the model is loaded
+        if not self.inspector.key:
+            self._quiet_inspects.add(handle.id)
+            self.client.inspect(handle.id)
         self.library.set_loaded(handle.id, True)
         self.manager.plans.clear()
         self.settings.setValue("chat/last_model", handle.id)
@@ -392,27 +461,59 @@ class MainWindow(QMainWindow):
         self.library.set_loaded(model_id, False)
         self.manager.plans.clear()
         self._refresh_model_combo()
-        if self.manager.selected_id():
-            self.client.plan_memory(self.manager.selected_id())
+        selected = self.manager.selected_id()
+        if selected and self.client.busy.get("remove") != selected:   # a model being removed has no plan
+            self.client.plan_memory(selected)
+
+    def _removed(self, model_id: str) -> None:
+        if (self.settings.value("chat/last_model", "") or "") == model_id:
+            self.settings.setValue("chat/last_model", "")
+        self.manager.plans.pop(model_id, None)
 
     def _failed(self, kind: str, message: str) -> None:
+        self._last_failure = message
+        if kind == "context-overflow":
+            message += (" Or choose, in this chat's settings, to drop the oldest turns or keep a rolling window "
+                        "when the chat outgrows the context.")
         if kind == "cancelled":
             self.banner.show_info("Cancelled", message)
         else:
             self.banner.show_error(kind, message)
 
     def _token(self, chat_id: str, text: str) -> None:
-        if self.chat.streaming is not None and self.chat.streaming.chat_id == chat_id:
-            self.chat.append(text)
-            self.chat.flush()       # every frame: nothing shown is lost if the app is killed
+        self.chat.append(text, chat_id)
+        self.chat.flush(chat_id)       # every frame: nothing shown is lost if the app is killed
 
     def _metrics(self, chat_id: str, live: dict) -> None:
         if self.chat.chat is not None and self.chat.chat.id == chat_id:
             self.side.show_live(live)
 
+    def _context_counted(self, chat_id: str, counted: dict) -> None:
+        if self.chat.chat is not None and self.chat.chat.id == chat_id:
+            self.side.show_context(counted.get("context_used"), counted.get("context_limit"))
+
+    def _show_prompt_progress(self) -> None:
+        if not self.chat.any_busy:
+            self._prompt_timer.stop()
+            return
+        streaming = self.chat.streaming
+        if streaming is None:
+            return
+        if streaming.content:
+            return
+        progress = self.client.reply_progress(streaming.chat_id)
+        widget = self.chat_view.widget_for(streaming.id)
+        if progress and widget is not None and progress["prompt_tokens"] - progress["prompt_done"] > 256:
+            widget.show_waiting(f"Reading your message: {progress['prompt_done']:,} of "
+                                f"{progress['prompt_tokens']:,} tokens…")
+        elif progress and widget is not None and progress["prompt_done"] >= progress["prompt_tokens"] > 0:
+            widget.show_waiting("Thinking…")
+
     def _finished_reply(self, chat_id: str, stats: dict) -> None:
-        if self.chat.streaming is not None and self.chat.streaming.chat_id == chat_id:
-            self.chat.finish(stats)
+        if chat_id in self.chat.streams:
+            self.chat.finish(stats, chat_id)
+            if not (self.chat.chat is not None and self.chat.chat.id == chat_id):
+                self.refresh_sessions()
         if self.chat.chat is not None and self.chat.chat.id == chat_id:
             self.side.show_stats(stats)
         self._show_chat_state()
@@ -468,6 +569,10 @@ class MainWindow(QMainWindow):
         self.sessions.set_chats(chats, self.chat.chat.id if self.chat.chat else "")
 
     def new_chat(self) -> None:
+        if self.chat.chat is not None and not self.chat.messages:   # already an empty chat: use it
+            self.sessions.search.clear()
+            self.focus_composer()
+            return
         self.chat.new_chat(self.current_model_id() or None, self.default_system_prompt, self.side.params())
         self.sessions.search.clear()
         self.refresh_sessions()
@@ -478,6 +583,17 @@ class MainWindow(QMainWindow):
             return
         self.chat.open(chat_id)
 
+    def _swap_draft(self, chat_id: str) -> None:
+        """Each chat keeps its own unsent text: the composer's draft does not follow you across chats."""
+        if self._draft_chat == chat_id:
+            return
+        if self._draft_chat and not self.composer.editing:
+            self.drafts[self._draft_chat] = self.composer.edit.toPlainText()
+        self._draft_chat = chat_id
+        self.editing_message_id = None
+        self.composer.end_edit()
+        self.composer.edit.setPlainText(self.drafts.pop(chat_id, "") if chat_id else "")
+
     def _rename_chat(self, chat_id: str, title: str) -> None:
         self.store.rename_chat(chat_id, title)
         if self.chat.chat is not None and self.chat.chat.id == chat_id:
@@ -486,7 +602,7 @@ class MainWindow(QMainWindow):
         self.refresh_sessions()
 
     def _delete_chat(self, chat_id: str) -> None:
-        if self.chat.streaming is not None and self.chat.streaming.chat_id == chat_id:
+        if chat_id in self.chat.streams:
             self.banner.show_info("Still replying", "Stop the reply before deleting this chat.")
             return
         self.store.delete_chat(chat_id)
@@ -502,6 +618,8 @@ class MainWindow(QMainWindow):
     def _chat_event(self, event: str, payload) -> None:
         if event == "opened":
             chat = payload
+            self._swap_draft(chat.id if chat else "")
+            self.chat_view.set_alternatives(self._alternatives())
             self.chat_view.set_messages(self.chat.messages if chat else [])
             self.chat_title.setText(chat.title if chat else "")
             self.side.set_params(chat.params if chat and chat.params else self.default_params)
@@ -510,37 +628,52 @@ class MainWindow(QMainWindow):
             last = next((m for m in reversed(self.chat.messages) if m.stats), None)
             if last is not None:
                 self.side.show_stats(last.stats)
+            if chat and self.chat.messages and not (last and last.stats.get("context_used") is not None
+                                                    and last is self.chat.messages[-1]):
+                # the last reply was cut off (no stats): count the conversation's tokens instead
+                model = chat.model_id or self.current_model_id()
+                if model and model in self.library.loaded:
+                    self.client.count_context(chat.id, model, chat.system_prompt or "",
+                                              [m.as_turn() for m in self.chat.messages if m.content])
             if chat and chat.model_id and self.model_combo.findData(chat.model_id) >= 0:
                 self.model_combo.setCurrentIndex(self.model_combo.findData(chat.model_id))
-            self.composer.end_edit()
             self.refresh_sessions()
         elif event == "message-added":
             if self.chat.chat is not None and payload.chat_id == self.chat.chat.id:
                 self.chat_view.add_message(payload)
         elif event == "message-updated":
+            self.chat_view.set_alternatives(self._alternatives())
             self.chat_view.update_message(payload)
         elif event == "messages-truncated":
             self.chat_view.truncate(payload)
+        elif event == "messages-reset":
+            self.chat_view.set_alternatives(self._alternatives())
+            self.chat_view.set_messages(self.chat.messages)
+        elif event == "streaming-started":
+            self.chat_view.set_alternatives(self._alternatives())
+            self._prompt_timer.start()
         self._show_chat_state()
 
     def _show_chat_state(self) -> None:
         if not hasattr(self, "composer"):
             return
         model = self.current_model_id()
-        generating = self.chat.busy
         open_chat = self.chat.chat is not None
+        here = self.chat.busy                       # only this chat's reply shows Stop
+        others = len(self.chat.streams) - (1 if here else 0)
         if not model:
             status = "Load a model to start chatting"
-        elif generating and open_chat and self.chat.streaming.chat_id != self.chat.chat.id:
-            status = "Replying in another chat…"
-        elif generating:
+        elif here:
             status = "Replying…  (Esc to stop)"
+        elif others:
+            status = f"Replying in {others} other chat{'s' if others != 1 else ''}…"
         else:
             status = ""
-        self.composer.set_state(can_send=bool(model), generating=generating,
+        self.composer.set_state(can_send=bool(model), generating=here,
                                 can_regenerate=bool(model) and open_chat and self.chat.can_regenerate(),
                                 can_edit=bool(model) and open_chat and self.chat.last_user_text() is not None,
                                 status=status)
+        self.chat_view.set_busy(self.chat.busy)
         if not self.chat.messages:
             self.chat_view.set_empty_text("Start a conversation. Your chats stay on this computer."
                                           if model else "Load a model from the library, then start a conversation.")
@@ -563,7 +696,10 @@ class MainWindow(QMainWindow):
         params = self.side.params()
         self.chat.set_params(params)
         try:
-            if self.composer.editing:
+            if self.composer.editing and self.editing_message_id is not None:
+                request = self.chat.edit_message(self.editing_message_id, text, model, self._weights_hash(model),
+                                                 params)
+            elif self.composer.editing:
                 request = self.chat.edit_last_user(text, model, self._weights_hash(model), params)
             else:
                 request = self.chat.send(text, model, self._weights_hash(model), params)
@@ -572,6 +708,7 @@ class MainWindow(QMainWindow):
             return
         self.composer.edit.clear()
         self.composer.end_edit()
+        self.editing_message_id = None
         self._start(request)
 
     def _start(self, request) -> None:
@@ -581,14 +718,17 @@ class MainWindow(QMainWindow):
         self._show_chat_state()
 
     def stop(self) -> None:
-        if self.chat.streaming is not None:
-            self.client.stop(self.chat.streaming.chat_id)
+        """Stop the open chat's reply (never another chat's)."""
+        streaming = self.chat.streaming
+        if streaming is not None:
+            self.client.stop(streaming.chat_id)
 
     def _escape(self) -> None:
         if self.chat.busy:
             self.stop()
         elif self.composer.editing:
             self.composer.end_edit()
+            self.editing_message_id = None
             self.composer.edit.clear()
         elif self.banner.isVisible():
             self.banner.dismiss()
@@ -602,7 +742,70 @@ class MainWindow(QMainWindow):
     def begin_edit(self) -> None:
         text = self.chat.last_user_text()
         if text is not None and not self.chat.busy:
+            self.editing_message_id = None
             self.composer.begin_edit(text)
+
+    def begin_edit_message(self, message) -> None:
+        """Edit any of your messages: Enter resends it, and the chat continues from there."""
+        if self.chat.busy or message.role != "user":
+            return
+        self.editing_message_id = message.id
+        last = next((m for m in reversed(self.chat.messages) if m.role == "user"), None)
+        self.composer.begin_edit(message.content, last is not None and last.id == message.id)
+
+    def _remove_message(self, message) -> None:
+        if not self.chat.busy:
+            self.chat.delete_message(message.id)
+
+    def _page_alternative(self, message, step: int) -> None:
+        if not self.chat.busy:
+            self.chat.show_alternative(message.id, step)
+
+    def _alternatives(self) -> dict:
+        return {m.id: alternative_position(m) for m in self.chat.messages if m.alternatives}
+
+    # ------------------------------------------------------------------ export and import
+    def export_chat(self, chat_id: str, path: str, kind: str) -> None:
+        data = self.store.export_chat(chat_id)
+        text = export.chat_markdown(data) if kind == "md" else json.dumps(data, indent=1, ensure_ascii=False)
+        Path(path).write_text(text, encoding="utf-8")
+
+    def export_all(self, path: str) -> None:
+        Path(path).write_text(json.dumps(export.export_all(self.store), indent=1, ensure_ascii=False),
+                              encoding="utf-8")
+
+    def import_chats(self, path: str) -> list:
+        """Import a JSON export (one chat or all); opens the first imported chat."""
+        try:
+            chats = export.import_file_data(self.store, export.read_json(path))
+        except ValueError as exc:
+            self.banner.show_error("import-failed", str(exc))
+            return []
+        self.refresh_sessions()
+        if chats:
+            self.open_chat(chats[0].id)
+            self.banner.show_info("Chats imported", f"{len(chats)} chat{'s' if len(chats) != 1 else ''} "
+                                  f"from {Path(path).name}.")
+        return chats
+
+    def export_chat_dialog(self, kind: str) -> None:
+        if self.chat.chat is None:
+            return
+        suffix = {"md": "Markdown (*.md)", "json": "JSON (*.json)"}[kind]
+        name = f"{export.safe_file_name(self.chat.chat.title)}.{kind}"
+        path, _ = QFileDialog.getSaveFileName(self, "Export chat", name, suffix)
+        if path:
+            self.export_chat(self.chat.chat.id, path, kind)
+
+    def export_all_dialog(self) -> None:
+        path, _ = QFileDialog.getSaveFileName(self, "Export all chats", "hearth-chats.json", "JSON (*.json)")
+        if path:
+            self.export_all(path)
+
+    def import_chats_dialog(self) -> None:
+        path, _ = QFileDialog.getOpenFileName(self, "Import chats", "", "JSON (*.json);;All files (*)")
+        if path:
+            self.import_chats(path)
 
     def _params_changed(self, params: dict) -> None:
         self.chat.set_params(params)
@@ -626,10 +829,9 @@ class MainWindow(QMainWindow):
         self.chat_view.rerender()
 
     def closeEvent(self, event) -> None:
-        if self.chat.streaming is not None:
-            chat_id = self.chat.streaming.chat_id
-            self.chat.flush()
-            self.chat.finish({"stop_reason": "cancelled", **(self.chat.streaming.stats or {})})
+        for chat_id, message in list(self.chat.streams.items()):
+            self.chat.flush(chat_id)
+            self.chat.finish({"stop_reason": "cancelled", **(message.stats or {})}, chat_id)
             self.client.stop(chat_id)
         self.settings.setValue("window/geometry", self.saveGeometry())
         self.settings.sync()

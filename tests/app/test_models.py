@@ -59,7 +59,7 @@ def test_library_state_and_figures():
     row = lib.row("x")
     assert row.loaded and row.parameter_count == 134_515_008 and row.sha256 == "ff" * 32
     assert human_count(134_515_008) == "135M" and human_count(7_240_000_000) == "7.2B"
-    assert human_bytes(269_030_016) == "269.0 MB" and human_bytes(None) == "—"
+    assert human_bytes(269_030_016) == "256.6 MiB" and human_bytes(None) == "—"   # the CLI's units
     assert weights_digest({"b": "2", "a": "1"}) == '{"a": "1", "b": "2"}'
 
 
