@@ -670,11 +670,24 @@ class EngineWorker(QObject):
         self.remotes_changed.emit(rows)
 
     def _remote_reply(self, request):
+        """A remote model's reply as engine events; one cut by a dropped connection ends as stopped."""
+        from dataclasses import replace
+
         prefix = [{"role": "system", "content": request.system_prompt}] if request.system_prompt else []
         chat_id = request.chat_id
-        return iter(self._remote_endpoints().chat_stream(
-            request.model_id, prefix + list(request.turns), sampling_params(request.params),
-            cancel=lambda: chat_id in self._stop_requested))
+        endpoints = self._remote_endpoints()
+        stream = endpoints.chat_stream(request.model_id, prefix + list(request.turns),
+                                       sampling_params(request.params), cancel=lambda: chat_id in self._stop_requested)
+
+        def events():
+            for event in stream:
+                stats = getattr(event, "stats", None)
+                if stats is not None and stats.stop_reason == "connection-lost":
+                    self.failed.emit("remote-connection-lost", "The connection to the remote endpoint dropped "
+                                     "mid-reply; what arrived is kept as a stopped reply.")
+                    event = replace(event, stats=replace(stats, stop_reason="cancelled"))
+                yield event
+        return events()
 
     @Slot()
     def shutdown(self) -> None:

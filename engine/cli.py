@@ -303,15 +303,20 @@ def cmd_serve(args) -> int:
                           max_tokens=args.max_tokens)
     server = Server(eng, config)
     served = ", ".join(m["id"] for m in server.host.served_models()) or "none"
-    name = f"[{args.host}]" if ":" in args.host else args.host
-    print(f"Hearth serves {served} on http://{name}:{args.port}/v1 ({eng.backend}"
-          f"{', API key required' if key else ''}). Ctrl-C stops.", file=sys.stderr)
+    server.start()                       # port 0 picks a free one: the line below names it
+    print(f"Hearth serves {served} on {server.url} ({eng.backend}"
+          f"{', API key required' if key else ''}). Ctrl-C stops.", file=sys.stderr, flush=True)
     if eng.backend_note:
         print(eng.backend_note, file=sys.stderr)
+    import time
+
     try:
-        server.serve_forever()
+        while server.running:
+            time.sleep(0.5)
     except KeyboardInterrupt:
         pass
+    finally:
+        server.stop()
     return 0
 
 

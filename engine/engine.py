@@ -526,11 +526,13 @@ class Engine:
         return self.generate_tokens(model_id, tokens, params)
 
     def generate_tokens(self, model_id: str, tokens: Sequence[int], params: SamplingParams = SamplingParams(),
-                        cancel: Optional[threading.Event] = None, constraint=None) -> Iterator[ChatEvent]:
+                        cancel: Optional[threading.Event] = None, constraint=None,
+                        observer=None) -> Iterator[ChatEvent]:
         """Continue exactly these prompt tokens in a throwaway session (the server's entry point).
 
         `cancel`, set from any thread, ends the reply within one decode step; `constraint` (a
-        sampling.TokenConstraint) masks every sampled token (structured output)."""
+        sampling.TokenConstraint) masks every sampled token (structured output); `observer(logits,
+        token)` is called after every draw (logprobs)."""
         tokens = list(tokens)
         if not tokens:
             raise ChatTemplateError("The prompt is empty.")
@@ -542,7 +544,8 @@ class Engine:
 
         def run():
             try:
-                yield from self._stream(session, tokens, params, record=False, constraint=constraint)
+                yield from self._stream(session, tokens, params, record=False, constraint=constraint,
+                                        observer=observer)
             finally:
                 self.release_session(sid)
 
@@ -561,7 +564,7 @@ class Engine:
                                   f"context of {limit:,}. Start a new chat or load it with a longer context.")
 
     def _stream(self, session: _Session, tokens: list, params: SamplingParams, record: bool,
-                constraint=None) -> Iterator[ChatEvent]:
+                constraint=None, observer=None) -> Iterator[ChatEvent]:
         loaded = self._model(session.model_id)
         limit = loaded.context_length
         tokenizer = loaded.tokenizer
@@ -576,7 +579,7 @@ class Engine:
             loaded.runner.truncate(session.seq, common)
             session.tokens = session.tokens[:common]
         state = SamplerState.start(params, history=tokens)
-        state.constraint = constraint
+        state.constraint, state.observer = constraint, observer
         request = Request(seq=session.seq, prompt=tokens[common:], state=state, max_tokens=params.max_tokens,
                           eos_ids=tokenizer.eos_ids, context_limit=limit, start_length=common, cancel=session.cancel)
         session.request = request

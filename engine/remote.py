@@ -176,6 +176,8 @@ class RemoteClient:
                             if choice.get("finish_reason"):
                                 reason = {"length": "max-tokens"}.get(choice["finish_reason"], "stop")
                 except (httpx.RemoteProtocolError, httpx.ReadError, httpx.ReadTimeout) as exc:
+                    if first_at is None:             # nothing arrived: a plain network error or timeout
+                        raise self._translate(exc) from None
                     reason = "connection-lost"       # keep what arrived; the app shows it as stopped
                     self.last_error = self._translate(exc)
         except RemoteError:

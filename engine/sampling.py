@@ -6,13 +6,14 @@ top-k 1 is greedy (argmax, ties to the lowest id). A seeded draw at step `n` of 
 uniform number derived only from (seed, n), so the same seed always gives the same text.
 The CUDA backend implements the same filters on the device (native/src/kernels/sampling.cu).
 A `TokenConstraint` on the state (structured output, engine/constraints.py) masks the logits before
-every filter; constrained rows are sampled here on the host on every backend (engine/scheduler.py).
+every filter, and an `observer` sees each step's logits and token (logprobs); such rows are sampled
+here on the host on every backend (engine/scheduler.py).
 """
 from __future__ import annotations
 
 import secrets
 from dataclasses import dataclass, field, replace
-from typing import Optional, Protocol, Sequence
+from typing import Callable, Optional, Protocol, Sequence
 
 
 @dataclass(frozen=True)
@@ -77,6 +78,7 @@ class SamplerState:
     step: int = 0
     history: list[int] = field(default_factory=list)  # token ids the repetition penalty sees
     constraint: Optional[TokenConstraint] = None
+    observer: Optional[Callable] = None        # observer(logits, token) after each draw (host sampling)
 
     @classmethod
     def start(cls, params: SamplingParams, history: Sequence[int] = ()) -> "SamplerState":
@@ -153,6 +155,13 @@ def allowed_tokens(logits, params: SamplingParams, history: Sequence[int] = ()) 
 
 def sample_token(logits, state: SamplerState) -> int:
     """Draw one token from a 1-D logits tensor, advancing nothing (the caller advances state)."""
+    token = _draw(logits, state)
+    if state.observer is not None:             # e.g. the server's logprobs: sees the raw logits
+        state.observer(logits, token)
+    return token
+
+
+def _draw(logits, state: SamplerState) -> int:
     import torch
 
     if state.constraint is not None:

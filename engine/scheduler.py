@@ -199,9 +199,10 @@ class ModelLoop:
         self._accept(batch, tokens)
 
     def _host_sampling(self, states) -> bool:
-        """A token mask (structured output) is applied by the host sampler: the device sampler of
-        cuda-native takes no mask, so such a step reads the logits back and samples here."""
-        return self.runner.backend_name != "torch" and any(st.constraint is not None for st in states)
+        """A token mask (structured output) or an observer (logprobs) needs the host sampler: the device
+        sampler of cuda-native takes neither, so such a step reads the logits back and samples here."""
+        return (any(st.constraint is not None or st.observer is not None for st in states)
+                and getattr(self.runner, "backend_name", "?") != "torch")
 
     def _sample(self, states) -> list:
         if not self._host_sampling(states):

@@ -27,6 +27,7 @@ from ..engine import Finished, TextDelta
 from ..errors import HearthError
 from .errors import APIError, bad_param, from_engine_error
 from .host import EngineHost, RequestRecord
+from .logprobs import LogprobFormatter, LogprobRecorder
 from .schemas import ParsedRequest, parse_chat, parse_completion, require_object
 from . import tools as tool_calls
 
@@ -117,6 +118,28 @@ async def _json_body(request: Request, limit: int) -> dict:
     return require_object(parsed)
 
 
+async def _unless_disconnected(request: Request, work):
+    """Await `work`, or cancel it (and return None) when the client disconnects first: a whole
+    (non-streamed) reply stops within one engine step of its client leaving, as a stream does."""
+    async def disconnected():
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    task, watcher = asyncio.ensure_future(work), asyncio.ensure_future(disconnected())
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+    if task.done():
+        return task.result()
+    task.cancel()
+    try:
+        await task
+    except asyncio.CancelledError:
+        pass
+    return None
+
+
 def create_app(host: EngineHost, config: ServerConfig) -> Starlette:
     engine = host.engine
 
@@ -179,14 +202,25 @@ def create_app(host: EngineHost, config: ServerConfig) -> Starlette:
             host.record(RequestRecord(time.time(), record["method"], record["path"], record["model"], error.status,
                                       duration_s=time.perf_counter() - started))
             return _error_response(error)
-        reply = Reply(kind, model_id, parsed, len(tokens), plan)
+        recorder = None
+        if parsed.logprobs is not None:
+            tokenizer = engine.tokenizer(model_id)
+            recorder = LogprobRecorder(parsed.logprobs, tokenizer.eos_ids)
+        reply = Reply(kind, model_id, parsed, len(tokens), plan, recorder,
+                      LogprobFormatter(engine.tokenizer(model_id)) if recorder else None)
         if parsed.stream:
-            return StreamingResponse(reply.sse(host.stream(model_id, tokens, parsed.params, constraint),
+            return StreamingResponse(reply.sse(host.stream(model_id, tokens, parsed.params, constraint, recorder),
                                                host, started, record),
                                      media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         try:
-            finished = await host.complete(model_id, tokens, parsed.params, constraint)
+            finished = await _unless_disconnected(request, host.complete(model_id, tokens, parsed.params,
+                                                                         constraint, recorder))
+            if finished is None:                  # the client went away: its reply was cancelled
+                host.record(RequestRecord(time.time(), record["method"], record["path"], model_id, 499,
+                                          len(tokens), duration_s=time.perf_counter() - started,
+                                          finish="disconnected"))
+                return Response(status_code=499)
         except HearthError as exc:
             error = from_engine_error(exc)
             host.record(RequestRecord(time.time(), record["method"], record["path"], model_id, error.status,
@@ -232,8 +266,10 @@ def create_app(host: EngineHost, config: ServerConfig) -> Starlette:
 class Reply:
     """One response in OpenAI's shapes, whole or as chunks."""
 
-    def __init__(self, kind: str, model_id: str, parsed: ParsedRequest, prompt_tokens: int, plan):
+    def __init__(self, kind: str, model_id: str, parsed: ParsedRequest, prompt_tokens: int, plan,
+                 recorder: Optional[LogprobRecorder] = None, formatter: Optional[LogprobFormatter] = None):
         self.kind, self.model_id, self.parsed, self.plan = kind, model_id, parsed, plan
+        self.recorder, self.formatter = recorder, formatter
         self.prompt_tokens = prompt_tokens
         prefix = "chatcmpl" if kind == "chat" else "cmpl"
         self.id = f"{prefix}-{uuid.uuid4().hex[:24]}"
@@ -259,16 +295,26 @@ class Reply:
                 if calls:
                     message = {"role": "assistant", "content": content or None, "tool_calls": calls, "refusal": None}
                     reason = "tool_calls"
-            choice = {"index": 0, "message": message, "finish_reason": reason, "logprobs": None}
+            choice = {"index": 0, "message": message, "finish_reason": reason, "logprobs": self._logprobs()}
         else:
-            choice = {"index": 0, "text": finished.text, "finish_reason": reason, "logprobs": None}
+            choice = {"index": 0, "text": finished.text, "finish_reason": reason, "logprobs": self._logprobs()}
         return {**self._head(False), "choices": [choice], "usage": self.usage(s.generated_tokens)}
 
-    def _chunk(self, delta: Optional[dict] = None, text: Optional[str] = None, finish: Optional[str] = None) -> str:
+    def _logprobs(self) -> Optional[dict]:
+        """The logprobs of the tokens drawn since the last call (None when not asked for)."""
+        if self.recorder is None:
+            return None
+        entries = self.recorder.take()
         if self.kind == "chat":
-            choice = {"index": 0, "delta": delta or {}, "finish_reason": finish, "logprobs": None}
+            return self.formatter.chat(entries)
+        return self.formatter.completion(entries, self.parsed.logprobs > 0)
+
+    def _chunk(self, delta: Optional[dict] = None, text: Optional[str] = None, finish: Optional[str] = None,
+               logprobs: Optional[dict] = None) -> str:
+        if self.kind == "chat":
+            choice = {"index": 0, "delta": delta or {}, "finish_reason": finish, "logprobs": logprobs}
         else:
-            choice = {"index": 0, "text": text or "", "finish_reason": finish, "logprobs": None}
+            choice = {"index": 0, "text": text or "", "finish_reason": finish, "logprobs": logprobs}
         body = {**self._head(True), "choices": [choice]}
         if self.parsed.include_usage:
             body["usage"] = None
@@ -284,10 +330,14 @@ class Reply:
                 if isinstance(event, TextDelta):
                     if buffer_tools or not event.text:
                         continue
-                    yield (self._chunk(delta={"content": event.text}) if self.kind == "chat"
-                           else self._chunk(text=event.text))
+                    logprobs = self._logprobs()
+                    yield (self._chunk(delta={"content": event.text}, logprobs=logprobs) if self.kind == "chat"
+                           else self._chunk(text=event.text, logprobs=logprobs))
                 elif isinstance(event, Finished):
                     finished = event
+            if self.recorder is not None and self.recorder.entries and not buffer_tools:
+                yield (self._chunk(delta={"content": ""}, logprobs=self._logprobs()) if self.kind == "chat"
+                       else self._chunk(text="", logprobs=self._logprobs()))
             reason = _finish_reason(finished.stats.stop_reason)
             if buffer_tools:
                 content, calls = tool_calls.parse(finished.text, self.plan)

@@ -79,7 +79,7 @@ class EngineHost:
 
     # ----------------------------------------------------------------------------- generation
     async def stream(self, model_id: str, tokens: list, params: SamplingParams,
-                     constraint=None) -> AsyncIterator:
+                     constraint=None, observer=None) -> AsyncIterator:
         """The engine's events for one reply; leaving the iteration early (a client that went away)
         cancels the reply within one engine step."""
         loop = asyncio.get_running_loop()
@@ -95,7 +95,7 @@ class EngineHost:
         def wait_for_engine() -> None:
             try:
                 for event in self.engine.generate_tokens(model_id, tokens, params, cancel=cancel,
-                                                         constraint=constraint):
+                                                         constraint=constraint, observer=observer):
                     if isinstance(event, Finished):
                         self.finished.append(event.stats)
                     put(("event", event))
@@ -120,9 +120,10 @@ class EngineHost:
             with self._active_lock:
                 self.active -= 1
 
-    async def complete(self, model_id: str, tokens: list, params: SamplingParams, constraint=None) -> Finished:
+    async def complete(self, model_id: str, tokens: list, params: SamplingParams, constraint=None,
+                       observer=None) -> Finished:
         finished = None
-        async for event in self.stream(model_id, tokens, params, constraint):
+        async for event in self.stream(model_id, tokens, params, constraint, observer):
             if isinstance(event, Finished):
                 finished = event
         if finished is None:

@@ -1,7 +1,7 @@
 """Request bodies of the OpenAI API, checked field by field into what the engine takes.
 
 Each refusal is a 400 in OpenAI's shape naming the field (`param`). Fields Hearth does not implement
-(`n` > 1, `logprobs`, presence / frequency penalties, `echo`, ...) are refused by name rather than
+(`n` > 1, presence / frequency penalties, `echo`, ...) are refused by name rather than
 silently ignored; fields that change nothing about the reply (`user`, `metadata`, ...) are accepted.
 """
 from __future__ import annotations
@@ -34,6 +34,7 @@ class ParsedRequest:
     response_format: Optional[dict] = None
     tools: Optional[list] = None
     tool_choice: Any = None
+    logprobs: Optional[int] = None         # None: off; else how many alternatives per token (0-20)
     extras: dict = field(default_factory=dict)
 
 
@@ -69,9 +70,6 @@ def _unsupported(body: dict) -> None:
         if value not in (None, 0, 0.0):
             raise bad_param(name, f"'{name}' is not supported by Hearth; use 'repetition_penalty' "
                             "(1.0 = off, e.g. 1.1) instead.", code="unsupported_parameter")
-    if body.get("logprobs") not in (None, False, 0) or body.get("top_logprobs") not in (None, 0):
-        name = "logprobs" if body.get("logprobs") not in (None, False, 0) else "top_logprobs"
-        raise bad_param(name, f"'{name}' is not supported by Hearth yet.", code="unsupported_parameter")
     if body.get("logit_bias"):
         raise bad_param("logit_bias", "'logit_bias' is not supported by Hearth.", code="unsupported_parameter")
     if body.get("echo"):
@@ -194,6 +192,16 @@ def _response_format(body: dict) -> Optional[dict]:
     return fmt
 
 
+def _chat_logprobs(body: dict) -> Optional[int]:
+    wanted = body.get("logprobs")
+    if wanted is not None and not isinstance(wanted, bool):
+        raise bad_param("logprobs", "'logprobs' must be true or false.", code="invalid_type")
+    top = _number(body, "top_logprobs", 0, 20, None, integer=True)
+    if top is not None and not wanted:
+        raise bad_param("top_logprobs", "'top_logprobs' needs 'logprobs': true.")
+    return (top or 0) if wanted else None
+
+
 def parse_chat(body: dict, max_tokens_limit: int) -> ParsedRequest:
     _refuse_unknown(body, CHAT_FIELDS)
     _unsupported(body)
@@ -206,7 +214,7 @@ def parse_chat(body: dict, max_tokens_limit: int) -> ParsedRequest:
         raise bad_param("tools", "'tools' must be a list of tool objects.", code="invalid_type")
     return ParsedRequest(model, _sampling(body, max_tokens, max_tokens_limit), stream, include_usage,
                          messages=messages, response_format=_response_format(body), tools=tools or None,
-                         tool_choice=body.get("tool_choice"))
+                         tool_choice=body.get("tool_choice"), logprobs=_chat_logprobs(body))
 
 
 def parse_completion(body: dict, max_tokens_limit: int) -> ParsedRequest:
@@ -226,8 +234,13 @@ def parse_completion(body: dict, max_tokens_limit: int) -> ParsedRequest:
     max_tokens = _max_tokens(body, ("max_tokens",), max_tokens_limit)
     if body.get("max_tokens") is None:
         max_tokens = min(16, max_tokens_limit)   # OpenAI's default for completions
+    logprobs = body.get("logprobs")
+    if logprobs is not None and (isinstance(logprobs, bool) or not isinstance(logprobs, int)):
+        raise bad_param("logprobs", "'logprobs' of a completion is how many alternatives per token (0-5).",
+                        code="invalid_type")
+    logprobs = _number(body, "logprobs", 0, 5, None, integer=True)
     return ParsedRequest(model, _sampling(body, max_tokens, max_tokens_limit), stream, include_usage,
-                         prompt=prompt, response_format=_response_format(body))
+                         prompt=prompt, response_format=_response_format(body), logprobs=logprobs)
 
 
 def require_object(body) -> dict:

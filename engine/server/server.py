@@ -90,9 +90,3 @@ class Server:
     @property
     def running(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
-
-    def serve_forever(self) -> None:
-        """Run in the calling thread until Ctrl-C (the CLI)."""
-        server = self._uvicorn_server()
-        self._server = server
-        asyncio.run(server.serve())

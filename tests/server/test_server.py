@@ -139,6 +139,24 @@ def test_disconnect_mid_stream_frees_the_session(server, default_engine):
     assert server.host.log[-1].finish == "disconnected"
 
 
+def test_disconnect_during_a_whole_reply_cancels_it(server, default_engine):
+    body = {"model": MODEL, "messages": HELLO, "max_tokens": 400, "temperature": 0.8, "seed": 6}
+    before = len(server.host.finished)
+    with pytest.raises(httpx.ReadTimeout):       # the client gives up and closes the connection
+        httpx.post(f"{server.url}/chat/completions", json=body, timeout=httpx.Timeout(60, read=1.5))
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and len(server.host.finished) == before:
+        time.sleep(0.05)
+    stats = server.host.finished[-1]
+    assert stats.stop_reason == "cancelled" and stats.generated_tokens < 400
+    while time.monotonic() < deadline and default_engine.activity(MODEL)["sessions"]:
+        time.sleep(0.05)
+    assert default_engine.activity(MODEL) == {"sessions": 0, "waiting": 0, "running": 0}
+    while time.monotonic() < deadline and server.host.log[-1].status != 499:
+        time.sleep(0.05)
+    assert server.host.log[-1].status == 499
+
+
 # ------------------------------------------------------------------------------------------------ errors
 def _error(server, body, path="/chat/completions", content=None, headers=None, method="POST"):
     r = httpx.request(method, f"{server.url}{path}", json=body if content is None else None, content=content,
@@ -164,7 +182,10 @@ def _error(server, body, path="/chat/completions", content=None, headers=None, m
     ({"model": MODEL, "messages": HELLO, "n": 2}, "n", "unsupported_value"),
     ({"model": MODEL, "messages": HELLO, "presence_penalty": 0.5}, "presence_penalty", "unsupported_parameter"),
     ({"model": MODEL, "messages": HELLO, "frequency_penalty": 0.5}, "frequency_penalty", "unsupported_parameter"),
-    ({"model": MODEL, "messages": HELLO, "logprobs": True}, "logprobs", "unsupported_parameter"),
+    ({"model": MODEL, "messages": HELLO, "top_logprobs": 2}, "top_logprobs", "invalid_value"),
+    ({"model": MODEL, "messages": HELLO, "logprobs": True, "top_logprobs": 30}, "top_logprobs", "invalid_value"),
+    ({"model": MODEL, "messages": HELLO, "logprobs": 3}, "logprobs", "invalid_type"),
+    ({"model": MODEL, "messages": HELLO, "logit_bias": {"5": 10}}, "logit_bias", "unsupported_parameter"),
     ({"model": MODEL, "messages": HELLO, "stop": ["a", "b", "c", "d", "e"]}, "stop", "invalid_value"),
     ({"model": MODEL, "messages": HELLO, "stream_options": {"include_usage": True}}, "stream_options", "invalid_value"),
     ({"model": MODEL, "messages": HELLO, "wibble": 1}, "wibble", "unknown_parameter"),

@@ -33,6 +33,7 @@ def window(qapp, hearth_home, default_model, qtbot):
     client.shutdown()
     store.close()
     keyring.set_keyring(before)
+    (hearth_home / "remotes.json").unlink(missing_ok=True)     # endpoints added here point at stopped servers
 
 
 def test_server_panel_serves_and_the_app_chats_through_a_remote_endpoint(window, qtbot):
@@ -60,7 +61,8 @@ def test_server_panel_serves_and_the_app_chats_through_a_remote_endpoint(window,
     panel.remote_name.setText("own")
     panel.remote_url.setText(state["url"])
     panel.remote_key.setText(key)
-    with qtbot.waitSignal(client.remotes_changed, timeout=60_000) as listed:
+    with qtbot.waitSignal(client.remotes_changed, timeout=60_000, check_params_cb=lambda rows: any(
+            r["name"] == "own" for r in rows)) as listed:
         panel.add_remote.click()
     row = [r for r in listed.args[0] if r["name"] == "own"][0]
     assert row["models"] == [MODEL] and not row["error"]
@@ -95,3 +97,31 @@ def test_a_port_in_use_is_reported_in_the_panel(window, qtbot):
             panel.toggle.click()
     assert not state.args[0]["running"]
     assert "could not listen" in panel.status.text() and panel.toggle.isEnabled()
+
+
+def test_a_remote_reply_cut_by_a_dropped_connection_is_kept_as_stopped(window, qtbot, default_engine):
+    import threading
+
+    from engine.server import Server, ServerConfig
+
+    client, panel = window.client, window.server_panel
+    remote = Server(default_engine, ServerConfig(port=0)).start()     # another machine's server, say
+    try:
+        panel.remote_name.setText("cluster")
+        panel.remote_url.setText(remote.url)
+        with qtbot.waitSignal(client.remotes_changed, timeout=60_000, check_params_cb=lambda rows: any(
+                r["name"] == "cluster" and r["models"] for r in rows)):
+            panel.add_remote.click()
+        window.model_combo.setCurrentIndex(window.model_combo.findData(f"remote:cluster/{MODEL}"))
+        assert window.current_model_id() == f"remote:cluster/{MODEL}"
+        window.show_page(0)
+        with qtbot.waitSignal(client.token, timeout=120_000):
+            window.send("Write a very long story about a lighthouse keeper and the sea.")
+        with qtbot.waitSignal(client.finished, timeout=120_000) as finished:
+            threading.Thread(target=remote.stop).start()             # the endpoint goes away mid-reply
+    finally:
+        remote.stop()
+    assert finished.args[1]["stop_reason"] == "cancelled"
+    reply = window.chat.messages[-1]
+    assert reply.role == "assistant" and reply.content and reply.state == "stopped"
+    qtbot.waitUntil(lambda: "dropped" in window.banner.message.text(), timeout=10_000)
