@@ -188,11 +188,9 @@ class MainWindow(QMainWindow):
         self.settings_toggle.setAccessibleName("Show sampling settings and figures")
         self.settings_toggle.setToolTip("Show or hide the system prompt, sampling and live figures")
         header.addWidget(self.settings_toggle)
-        self.export_button = QToolButton()
-        self.export_button.setText("Export")
+        self.export_button = QPushButton("Export")
         self.export_button.setAccessibleName("Export or import chats")
         self.export_button.setToolTip("Export this chat (Markdown or JSON), export all chats, or import a JSON export")
-        self.export_button.setPopupMode(QToolButton.InstantPopup)
         menu = QMenu(self.export_button)
         menu.addAction("Export this chat as Markdown…", lambda: self.export_chat_dialog("md"))
         menu.addAction("Export this chat as JSON…", lambda: self.export_chat_dialog("json"))
@@ -227,7 +225,7 @@ class MainWindow(QMainWindow):
         self.backend_label = StatusLabel("Starting engine…")
         self.model_label = StatusLabel("No model loaded")
         self.memory_label = StatusLabel("")
-        for w, stretch in ((self.backend_label, 3), (self.model_label, 2), (self.memory_label, 1)):
+        for w, stretch in ((self.backend_label, 3), (self.model_label, 2), (self.memory_label, 3)):
             self.statusBar().addWidget(w, stretch)
         self.statusBar().setSizeGripEnabled(False)
         self.show_page(CHAT)
