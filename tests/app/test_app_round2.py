@@ -197,6 +197,34 @@ def test_a_failed_reply_can_be_removed_and_context_is_shown_while_streaming(qtbo
     assert all(m.state != ERROR for m in store.messages(win.chat.chat.id))
     assert len(win.chat_view.widgets) == len(store.messages(win.chat.chat.id))
 
+    # a reopened chat whose last reply was cut off (no stats) still shows its context use
+    chat_id = win.chat.chat.id
+    store.add_message(chat_id, "assistant", "A reply cut off by a crash", state="stopped", model_id=DEFAULT)
+    win.new_chat()
+    win.side.clear_figures()
+    with qtbot.waitSignal(client.context_counted, timeout=60_000):
+        win.open_chat(chat_id)
+    assert "/ 256 tokens" in win.side.context_label.text()
+
+
+def test_first_start_banner_goes_once_loaded_and_a_long_prompt_shows_its_reading(qtbot, make_app, tmp_path_factory):
+    home = tmp_path_factory.mktemp("hearth-app-first")
+    win, client, store = make_app(home, "--model", "auto")
+    with qtbot.waitSignal(client.loaded, timeout=SLOW):
+        started(qtbot, client)
+    assert not win.banner.isVisible() or win.banner.title.text() != "Default model installed"
+    win.show_page(CHAT)
+    win.new_chat()
+    win.side.set_params({"temperature": 0.0, "max_tokens": 2})
+    finished = []
+    client.finished.connect(lambda chat_id, stats: finished.append(stats))
+    win.send("Summarize: " + "The lighthouse keeper wrote in his log every evening. " * 300)   # ~3,300 tokens
+    widget = win.chat_view.widgets[-1]
+    qtbot.waitUntil(lambda: widget.waiting_text.startswith("Reading your message"), timeout=SLOW)
+    assert "tokens…" in widget.waiting_text and " of 3," in widget.waiting_text
+    qtbot.waitUntil(lambda: bool(finished), timeout=SLOW)
+    assert finished[0]["prompt_tokens"] > 3000
+
 
 def test_library_labels_inspector_and_status_after_import_and_load(qtbot, make_app, tmp_path_factory, default_gguf,
                                                                     synth, tmp_path):
