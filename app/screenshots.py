@@ -121,9 +121,10 @@ def main(argv=None) -> int:
     grab("chat-alternatives")
 
     # logs & diagnostics, and the settings page
-    win.show_page(3)
+    from .windows.main_window import LOGS, SETTINGS
+    win.show_page(LOGS)
     grab("logs")
-    win.show_page(4)
+    win.show_page(SETTINGS)
     grab("settings")
 
     win.close()

@@ -131,6 +131,10 @@ class EngineWorker(QObject):
     context_counted = Signal(str, object)   # chat id, {"context_used", "context_limit"} (count_context)
     diagnosed = Signal(object)              # {"build", "backend", "versions", "home"} (Logs & diagnostics)
     finished = Signal(str, object)          # chat id, stats dict
+    # the OpenAI-compatible server and remote endpoints (app/widgets/server_panel.py)
+    server_state = Signal(object)           # {"running", "url", "models", "api_key", "error"}
+    server_request = Signal(object)         # engine.server.RequestRecord as a dict
+    remotes_changed = Signal(object)        # [{"name", "base_url", "models", "error"}]
 
     def __init__(self, engine_factory=None):
         super().__init__()
@@ -513,9 +517,12 @@ class EngineWorker(QObject):
                 self.done.emit("generate", str(request.reply_id))
                 continue
             try:
-                request, note = self._apply_context_policy(request)
-                sid = self._session_for(request)
-                events = iter(self.engine.respond(sid, sampling_params(request.params)))
+                if str(request.model_id).startswith("remote:"):   # engine.remote.model_ref: over HTTP
+                    sid, events, note = "", self._remote_reply(request), ""
+                else:
+                    request, note = self._apply_context_policy(request)
+                    sid = self._session_for(request)
+                    events = iter(self.engine.respond(sid, sampling_params(request.params)))
             except Exception as exc:
                 self._report(exc)
                 self.done.emit("generate", str(request.reply_id))
@@ -687,9 +694,81 @@ class EngineWorker(QObject):
         if self._pending:
             QTimer.singleShot(0, self._start_next)
 
+    # ---------------------------------------------------------------- server and remote endpoints
+    @Slot(object)
+    def start_server(self, options: dict) -> None:
+        def go():
+            from engine.server import Server, ServerConfig
+
+            self._stop_server()
+            config = ServerConfig(host=options.get("host") or "127.0.0.1", port=int(options.get("port", 8765)),
+                                  api_key=options.get("api_key") or None)
+            try:
+                server = Server(self.engine, config)
+                server.host.listeners.append(lambda record: self.server_request.emit(record.to_dict()))
+                self._server = server.start()
+            except Exception as exc:
+                self.server_state.emit({"running": False, "error": getattr(exc, "message", str(exc))})
+                raise
+            self.server_state.emit({"running": True, "url": server.url, "api_key": bool(config.api_key),
+                                    "models": [m["id"] for m in server.host.served_models()], "error": ""})
+        self._run("serve", "", go)
+
+    @Slot()
+    def stop_server(self) -> None:
+        self._run("serve", "", self._stop_server)
+
+    def _stop_server(self) -> None:
+        server, self._server = getattr(self, "_server", None), None
+        if server is not None:
+            server.stop()
+            self.server_state.emit({"running": False, "error": ""})
+
+    def _remote_endpoints(self):
+        if getattr(self, "_remotes", None) is None:
+            from engine.remote import RemoteEndpoints
+
+            self._remotes = RemoteEndpoints(getattr(self.engine, "home", None))
+        return self._remotes
+
+    @Slot(object)
+    def add_remote(self, spec: dict) -> None:
+        def go():
+            try:
+                self._remote_endpoints().add(spec.get("name", ""), spec.get("base_url", ""), spec.get("api_key"))
+            finally:
+                self._emit_remotes()
+        self._run("remote", spec.get("name", ""), go)
+
+    @Slot(str)
+    def remove_remote(self, name: str) -> None:
+        self._run("remote", name, lambda: (self._remote_endpoints().remove(name), self._emit_remotes()))
+
+    @Slot()
+    def refresh_remotes(self) -> None:
+        self._run("remote", "", self._emit_remotes)
+
+    def _emit_remotes(self) -> None:
+        endpoints, rows = self._remote_endpoints(), []
+        for e in endpoints.list():
+            try:
+                models, error = endpoints.client(e.name, timeout=10).models(), ""
+            except Exception as exc:
+                models, error = [], getattr(exc, "message", str(exc))
+            rows.append({"name": e.name, "base_url": e.base_url, "models": models, "error": error})
+        self.remotes_changed.emit(rows)
+
+    def _remote_reply(self, request):
+        prefix = [{"role": "system", "content": request.system_prompt}] if request.system_prompt else []
+        chat_id = request.chat_id
+        return iter(self._remote_endpoints().chat_stream(
+            request.model_id, prefix + list(request.turns), sampling_params(request.params),
+            cancel=lambda: chat_id in self._stop_requested))
+
     @Slot()
     def shutdown(self) -> None:
         """Drop the engine in its own thread (frees device memory), then stop the thread."""
+        self._stop_server()
         with self._lock:
             running = list(self._running.values())
             self._running.clear()
@@ -729,6 +808,9 @@ class EngineClient(QObject):
     token = Signal(str, str)
     metrics = Signal(str, object)
     finished = Signal(str, object)
+    server_state = Signal(object)
+    server_request = Signal(object)
+    remotes_changed = Signal(object)
     context_counted = Signal(str, object)
     diagnosed = Signal(object)
 
@@ -753,6 +835,12 @@ class EngineClient(QObject):
     SIGNALS = ("started", "done", "failed", "ready", "progress", "inspected", "memory_planned", "imported",
                "removed", "library_changed", "loaded", "unloaded", "token", "metrics", "finished",
                "context_counted", "diagnosed")
+    SIGNALS = SIGNALS + ("server_state", "server_request", "remotes_changed")
+    _start_server = Signal(object)
+    _stop_server = Signal()
+    _add_remote = Signal(object)
+    _remove_remote = Signal(str)
+    _refresh_remotes = Signal()
 
     def __init__(self, engine_factory=None, parent=None):
         super().__init__(parent)
@@ -776,6 +864,12 @@ class EngineClient(QObject):
                               (self._count_context, self.worker.count_context),
                               (self._set_defaults, self.worker.set_defaults),
                               (self._shutdown, self.worker.shutdown)):
+            request.connect(slot, q)
+        for request, slot in ((self._start_server, self.worker.start_server),
+                              (self._stop_server, self.worker.stop_server),
+                              (self._add_remote, self.worker.add_remote),
+                              (self._remove_remote, self.worker.remove_remote),
+                              (self._refresh_remotes, self.worker.refresh_remotes)):
             request.connect(slot, q)
         # NB: never connect a callable that returns a bool: PySide6 6.12 then corrupts the refcount
         # of True/False and the interpreter aborts (bool_dealloc). Slots here return None.
@@ -807,6 +901,11 @@ class EngineClient(QObject):
     def release_chat(self, chat_id: str): self._release.emit(chat_id)
 
     def set_defaults(self, context: int, precision: str): self._set_defaults.emit(int(context), precision)
+    def start_server(self, options: dict): self._start_server.emit(dict(options))
+    def stop_server(self): self._stop_server.emit()
+    def add_remote(self, spec: dict): self._add_remote.emit(dict(spec))
+    def remove_remote(self, name: str): self._remove_remote.emit(name)
+    def refresh_remotes(self): self._refresh_remotes.emit()
 
     def count_context(self, chat_id: str, model_id: str, system_prompt: str, turns: list):
         self._count_context.emit(chat_id, model_id, system_prompt, list(turns))

@@ -5,27 +5,22 @@ infos. Everything a user or a planner needs to decide whether and how to load a 
 """
 from __future__ import annotations
 
-import json
 import math
-import struct
+import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Optional
 
 from .errors import (CheckpointNotFound, CorruptCheckpoint, MissingConfig, NotACheckpoint,
                      UnsupportedTensorType)
+from . import validate
 from .moe import MoeLayout, layout_from_hf
 
 if TYPE_CHECKING:
     from .catalog import TensorCatalog
 
-# safetensors dtype name -> bytes per element
-SAFETENSORS_DTYPES = {
-    "F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1,
-    "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1, "U32": 4, "U16": 2, "U64": 8,
-}
-# Packed 4-bit payloads (NVFP4) arrive as U8; their logical shape is twice as wide.
-_MAX_HEADER_BYTES = 100 * 1024 * 1024
+# safetensors dtype name -> bytes per element (packed 4-bit NVFP4 payloads arrive as U8)
+SAFETENSORS_DTYPES = validate.SAFETENSORS_DTYPES
 
 
 @dataclass(frozen=True)
@@ -172,97 +167,56 @@ class CheckpointInfo:
 
 
 def read_safetensors_header(file: Path) -> list[TensorInfo]:
-    """Every tensor of one safetensors file, checked against the file's real size."""
-    size = file.stat().st_size
-    name = file.name
-    if size < 8:
-        raise CorruptCheckpoint(f"{name} is truncated: it is {size} bytes, too short for a header.")
-    with open(file, "rb") as f:
-        (header_len,) = struct.unpack("<Q", f.read(8))
-        if header_len > min(size - 8, _MAX_HEADER_BYTES):
-            raise CorruptCheckpoint(
-                f"{name} is corrupt or truncated: its header claims {header_len:,} bytes but the "
-                f"file holds {size - 8:,} after the length field.")
-        raw = f.read(header_len)
-    try:
-        header = json.loads(raw)
-        if not isinstance(header, dict):
-            raise ValueError("not an object")
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise CorruptCheckpoint(f"{name} has a malformed header ({exc}).") from None
-    data_start = 8 + header_len
-    data_size = size - data_start
-    tensors = []
-    for tname, entry in header.items():
-        if tname == "__metadata__":
-            continue
-        try:
-            dtype = entry["dtype"]
-            shape = tuple(int(d) for d in entry["shape"])
-            begin, end = (int(x) for x in entry["data_offsets"])
-        except (KeyError, TypeError, ValueError):
-            raise CorruptCheckpoint(f"{name}: the header entry for {tname} is malformed.") from None
-        if dtype not in SAFETENSORS_DTYPES:
-            raise UnsupportedTensorType(f"{name}: tensor {tname} has dtype {dtype}, which Hearth cannot read.")
-        if any(d < 0 for d in shape) or not 0 <= begin <= end:
-            raise CorruptCheckpoint(f"{name}: tensor {tname} has a negative shape or offsets.")
-        expected = math.prod(shape) * SAFETENSORS_DTYPES[dtype]
-        if end - begin != expected:
-            raise CorruptCheckpoint(
-                f"{name}: tensor {tname} is {dtype} {list(shape)}, which needs {expected:,} bytes, "
-                f"but the header gives it {end - begin:,}.")
-        if end > data_size:
-            raise CorruptCheckpoint(
-                f"{name} is truncated: tensor {tname} ends at byte {data_start + end:,} but the file "
-                f"has only {size:,} bytes. Download or copy it again.")
-        tensors.append(TensorInfo(tname, dtype, shape, end - begin, name, data_start + begin))
-    tensors.sort(key=lambda t: t.offset)
-    return tensors
+    """Every tensor of one safetensors file, checked against the file's real size (engine/validate.py)."""
+    data_start, entries = validate.safetensors_header(file)
+    return [TensorInfo(tname, dtype, shape, end - begin, Path(file).name, data_start + begin)
+            for tname, dtype, shape, begin, end in entries]
 
 
 def _load_json(file: Path, what: str) -> dict:
-    try:
-        with open(file, encoding="utf-8") as f:
-            value = json.load(f)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise CorruptCheckpoint(f"{file.name} ({what}) is not valid JSON: {exc}") from None
-    if not isinstance(value, dict):
-        raise CorruptCheckpoint(f"{file.name} ({what}) is not a JSON object.")
-    return value
+    return validate.load_json(file, what)
 
 
 def _safetensors_files(folder: Path) -> list[Path]:
     index = folder / "model.safetensors.index.json"
-    if index.exists():
-        weight_map = _load_json(index, "shard index").get("weight_map")
-        if not isinstance(weight_map, dict) or not weight_map:
-            raise CorruptCheckpoint("model.safetensors.index.json has no weight_map.")
+    if os.path.lexists(index):
+        weight_map = validate.shard_index(_load_json(index, "shard index"), folder)
         files = []
         for shard in dict.fromkeys(weight_map.values()):
             path = folder / shard
-            if not path.exists():
+            if not os.path.lexists(path):
                 raise CorruptCheckpoint(f"The shard {shard} named in model.safetensors.index.json is missing.")
+            validate.readable_file(path, "weights")
             files.append(path)
         return files
-    return sorted(folder.glob("*.safetensors"))
+    files = sorted(p for p in folder.glob("*.safetensors"))
+    for path in files:
+        validate.readable_file(path, "weights")
+    return files
+
+
+def _check_shard_index(folder: Path, tensors: list) -> None:
+    """Each tensor the index names lives in the shard it names."""
+    index = folder / "model.safetensors.index.json"
+    if not os.path.lexists(index):
+        return
+    where = {t.name: t.file for t in tensors}
+    for tensor, shard in validate.shard_index(_load_json(index, "shard index"), folder).items():
+        if where.get(tensor) != shard:
+            raise CorruptCheckpoint(f"model.safetensors.index.json puts {tensor} in {shard}, but "
+                                    + (f"it is in {where[tensor]}." if tensor in where else "no shard holds it."))
 
 
 def decoder_config_from_hf(config: dict) -> DecoderConfig:
     """The decoder hyper-parameters from a Hugging Face config.json."""
-    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
+    checked = validate.decoder_fields(config)      # every value below has its type and range checked
+    text = checked["text"]
     archs = config.get("architectures") or []
-    try:
-        hidden = int(text["hidden_size"])
-        heads = int(text["num_attention_heads"])
-        layers = int(text["num_hidden_layers"])
-        vocab = int(text["vocab_size"])
-        intermediate = int(text.get("intermediate_size") or text.get("moe_intermediate_size") or 0)
-    except (KeyError, TypeError, ValueError) as exc:
-        raise MissingConfig(f"config.json lacks a decoder setting: {exc}") from None
-    kv_heads = int(text.get("num_key_value_heads") or heads)
-    head_dim = int(text.get("head_dim") or hidden // heads)
+    hidden, heads, layers, vocab = checked["hidden"], checked["heads"], checked["layers"], checked["vocab"]
+    intermediate = int(text.get("intermediate_size") or text.get("moe_intermediate_size") or 0)
+    kv_heads, head_dim = checked["kv_heads"], checked["head_dim"]
     eos = text.get("eos_token_id", config.get("eos_token_id"))
-    eos_ids = tuple(int(e) for e in (eos if isinstance(eos, list) else [eos] if eos is not None else []))
+    eos_ids = validate.token_ids(eos, "eos_token_id", "config.json")
     model_type = str(text.get("model_type") or config.get("model_type") or "")
     moe = layout_from_hf(dict(text, model_type=model_type), layers)
     experts = moe.num_experts if moe else 0
@@ -276,10 +230,10 @@ def decoder_config_from_hf(config: dict) -> DecoderConfig:
         head_dim=head_dim,
         intermediate_size=intermediate,
         vocab_size=vocab,
-        max_position_embeddings=int(text.get("max_position_embeddings") or 2048),
-        rms_norm_eps=float(text.get("rms_norm_eps") or 1e-6),
-        rope_theta=float(text.get("rope_theta") or (text.get("rope_parameters") or {}).get("rope_theta") or 10000.0),
-        rope_scaling=_rope_scaling(text),
+        max_position_embeddings=checked["context"] or 2048,
+        rms_norm_eps=checked["eps"] or 1e-6,
+        rope_theta=float(checked["theta"] or (text.get("rope_parameters") or {}).get("rope_theta") or 10000.0),
+        rope_scaling=checked["rope_scaling"],
         tie_word_embeddings=bool(config.get("tie_word_embeddings", text.get("tie_word_embeddings", False))),
         # Qwen2-MoE spells its q/k/v bias qkv_bias (on by default)
         attention_bias=bool(text.get("attention_bias", text.get("qkv_bias", model_type in ("qwen2", "qwen2_moe")))),
@@ -292,16 +246,6 @@ def decoder_config_from_hf(config: dict) -> DecoderConfig:
         bos_token_id=text.get("bos_token_id", config.get("bos_token_id")),
         eos_token_ids=eos_ids,
     )
-
-
-def _rope_scaling(text: dict) -> Optional[dict]:
-    scaling = text.get("rope_scaling") or text.get("rope_parameters")
-    if not isinstance(scaling, dict):
-        return None
-    kind = scaling.get("rope_type") or scaling.get("type")
-    if kind in (None, "default"):
-        return None
-    return dict(scaling, rope_type=kind)
 
 
 def _quantization(config: dict, tensors: list[TensorInfo]) -> str:
@@ -376,19 +320,37 @@ def _inspect_folder(folder: Path) -> CheckpointInfo:
     tensors: list[TensorInfo] = []
     for file in files:
         tensors.extend(read_safetensors_header(file))
+    seen: dict = {}
+    for t in tensors:
+        if seen.setdefault(t.name, t.file) != t.file:
+            raise CorruptCheckpoint(f"Tensor {t.name} is in both {seen[t.name]} and {t.file}; the shards "
+                                    "belong to different downloads.")
+    _check_shard_index(folder, tensors)
     decoder = decoder_config_from_hf(config)
-    tokenizer_config = folder / "tokenizer_config.json"
-    has_template = (folder / "chat_template.jinja").exists()
-    if tokenizer_config.exists() and not has_template:
+    settings = validate.optional_json(folder / "tokenizer_config.json", "tokenizer settings") or {}
+    validate.tokenizer_settings(settings)
+    generation = validate.optional_json(folder / "generation_config.json", "generation settings")
+    if generation is not None:
+        validate.generation_settings(generation)
+    template_file = folder / "chat_template.jinja"
+    if os.path.lexists(template_file):
+        validate.readable_file(template_file, "chat template")
         try:
-            has_template = bool(_load_json(tokenizer_config, "tokenizer settings").get("chat_template"))
-        except CorruptCheckpoint:
-            has_template = False
+            template_file.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError):
+            raise CorruptCheckpoint("chat_template.jinja is not readable UTF-8 text.") from None
+    if os.path.lexists(folder / "tokenizer.json"):
+        validate.readable_file(folder / "tokenizer.json", "tokenizer")
+    has_template = os.path.lexists(template_file) or bool(settings.get("chat_template"))
     dtypes: dict = {}
     for t in tensors:
         dtypes[t.dtype] = dtypes.get(t.dtype, 0) + 1
     from . import nvfp4_checkpoint
 
+    validate.quantization_settings(config.get("quantization_config"), "config.json")
+    hf_quant = validate.optional_json(folder / "hf_quant_config.json", "quantization settings")
+    if hf_quant is not None:
+        validate.quantization_settings(hf_quant.get("quantization"), "hf_quant_config.json")
     scheme = nvfp4_checkpoint.detect(folder, config, tensors)
     metadata = ModelMetadata(
         architecture=decoder.architecture,
@@ -404,6 +366,9 @@ def _inspect_folder(folder: Path) -> CheckpointInfo:
         has_tokenizer=(folder / "tokenizer.json").exists(),
         has_chat_template=has_template,
     )
-    all_files = {p.name: p.stat().st_size for p in sorted(folder.iterdir()) if p.is_file()}
+    try:
+        all_files = {p.name: p.stat().st_size for p in sorted(folder.iterdir()) if p.is_file()}
+    except OSError as exc:
+        raise CorruptCheckpoint(f"{folder.name} cannot be listed: {exc.strerror}.") from None
     return CheckpointInfo(folder, "safetensors", all_files, tensors, config, metadata, decoder,
                           quant_scheme=scheme)

@@ -6,6 +6,7 @@
     hearth generate MODEL --prompt TEXT [--chat] [--context N] [--max-tokens N] [--temperature T] [--seed S] [--json]
     hearth chat MODEL [--context N] [--system TEXT]   (saved as a chat the app shows)
     hearth quantize MODEL --format nvfp4 [--layout modelopt|compressed-tensors] [--id ID]
+    hearth serve [--host H] [--port P] [--api-key KEY] [--model ID ...]   the OpenAI-compatible server
     hearth bench ...               (see `python -m engine.bench --help`)
 """
 from __future__ import annotations
@@ -275,6 +276,35 @@ def cmd_quantize(args) -> int:
     return 0
 
 
+def cmd_serve(args) -> int:
+    import os
+
+    from .engine import Engine
+    from .server import Server, ServerConfig
+
+    eng = Engine(backend=args.backend, max_batch=args.max_batch, context_length=args.context)
+    if not args.model and not eng.library.list():
+        bar = ProgressBar()
+        eng.install_default_model(progress=bar)
+        bar.done()
+    key = args.api_key or os.environ.get("HEARTH_API_KEY") or None
+    config = ServerConfig(host=args.host, port=args.port, api_key=key, models=args.model or None,
+                          cors_origins=args.cors_origin or [], allowed_hosts=args.allow_host or [],
+                          max_tokens=args.max_tokens)
+    server = Server(eng, config)
+    served = ", ".join(m["id"] for m in server.host.served_models()) or "none"
+    name = f"[{args.host}]" if ":" in args.host else args.host
+    print(f"Hearth serves {served} on http://{name}:{args.port}/v1 ({eng.backend}"
+          f"{', API key required' if key else ''}). Ctrl-C stops.", file=sys.stderr)
+    if eng.backend_note:
+        print(eng.backend_note, file=sys.stderr)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="hearth", description="Run language models on your own GPU.")
     sub = parser.add_subparsers(dest="command")
@@ -328,6 +358,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--id", default=None, help="the new model's id (default: from its name)")
     p.set_defaults(func=cmd_quantize)
 
+    from .server.defaults import DEFAULT_HOST, DEFAULT_PORT
+
+    p = sub.add_parser("serve", help="serve models over the OpenAI API on this machine")
+    p.add_argument("--host", default=DEFAULT_HOST, help=f"address to bind (default {DEFAULT_HOST}: this machine only)")
+    p.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT})")
+    p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' (or set HEARTH_API_KEY)")
+    p.add_argument("--model", action="append", default=None, metavar="ID",
+                   help="serve this library model (repeatable; default: the whole library), loaded on first use")
+    p.add_argument("--backend", default="auto", choices=["auto", "torch", "cuda-native"])
+    p.add_argument("--max-batch", type=int, default=8, help="most requests decoded together")
+    p.add_argument("--context", type=int, default=None, help="context length models load with")
+    p.add_argument("--max-tokens", type=int, default=4096, help="the most tokens one reply may ask for")
+    p.add_argument("--cors-origin", action="append", default=None, metavar="ORIGIN",
+                   help="allow browser pages from this origin (default: no CORS)")
+    p.add_argument("--allow-host", action="append", default=None, metavar="NAME",
+                   help="another name the Host header may carry (default: loopback names and --host)")
+    p.set_defaults(func=cmd_serve)
     p = sub.add_parser("app", help="open the desktop app (the same as `hearth` alone; see `hearth app --help`)",
                        add_help=False)
     p.set_defaults(func=None)
@@ -343,6 +390,10 @@ def main(argv: Optional[list] = None) -> int:
         from app.main import main as app_main  # the desktop app; engine/ itself never imports Qt
 
         return app_main(argv[1:])
+    if argv[0] == "bench" and "--serve" in argv:   # HTTP against in-process batching (engine/server/bench.py)
+        from .server.bench import main as serve_bench_main
+
+        return serve_bench_main(argv[1:])
     if argv[0] == "bench":
         from .bench import main as bench_main
 

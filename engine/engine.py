@@ -538,19 +538,36 @@ class Engine:
             bos = tokenizer.inner.token_to_id(tokenizer.bos_token) if tokenizer.bos_token else None
             if tokenizer.add_bos and bos is not None:
                 tokens = [bos] + tokens
+        return self.generate_tokens(model_id, tokens, params)
+
+    def generate_tokens(self, model_id: str, tokens: Sequence[int], params: SamplingParams = SamplingParams(),
+                        cancel: Optional[threading.Event] = None, constraint=None) -> Iterator[ChatEvent]:
+        """Continue exactly these prompt tokens in a throwaway session (the server's entry point).
+
+        `cancel`, set from any thread, ends the reply within one decode step; `constraint` (a
+        sampling.TokenConstraint) masks every sampled token (structured output)."""
+        tokens = list(tokens)
         if not tokens:
             raise ChatTemplateError("The prompt is empty.")
         self._check_context(model_id, tokens)
         sid = self.create_session(model_id)
         session = self._session(sid)
+        if cancel is not None:
+            session.cancel = cancel
 
         def run():
             try:
-                yield from self._stream(session, tokens, params, record=False)
+                yield from self._stream(session, tokens, params, record=False, constraint=constraint)
             finally:
                 self.release_session(sid)
 
         return run()
+
+    def activity(self, model_id: str) -> dict:
+        """Live counts of a loaded model: sessions open, requests waiting for prefill and decoding."""
+        loaded = self._model(model_id)
+        return {"sessions": len(loaded.sessions), "waiting": len(loaded.loop.scheduler.waiting),
+                "running": len(loaded.loop.scheduler.running)}
 
     def _check_context(self, model_id: str, tokens: list) -> None:
         limit = self._model(model_id).context_length
@@ -558,7 +575,8 @@ class Engine:
             raise ContextOverflow(f"The conversation is {len(tokens):,} tokens, and this model was loaded with a "
                                   f"context of {limit:,}. Start a new chat or load it with a longer context.")
 
-    def _stream(self, session: _Session, tokens: list, params: SamplingParams, record: bool) -> Iterator[ChatEvent]:
+    def _stream(self, session: _Session, tokens: list, params: SamplingParams, record: bool,
+                constraint=None) -> Iterator[ChatEvent]:
         loaded = self._model(session.model_id)
         limit = loaded.context_length
         tokenizer = loaded.tokenizer
@@ -573,6 +591,7 @@ class Engine:
             loaded.runner.truncate(session.seq, common)
             session.tokens = session.tokens[:common]
         state = SamplerState.start(params, history=tokens)
+        state.constraint = constraint
         request = Request(seq=session.seq, prompt=tokens[common:], state=state, max_tokens=params.max_tokens,
                           eos_ids=tokenizer.eos_ids, context_limit=limit, start_length=common, cancel=session.cancel)
         session.request = request

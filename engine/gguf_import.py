@@ -26,6 +26,7 @@ from typing import Iterable, Optional
 
 import numpy as np
 
+from . import validate
 from .checkpoint import CheckpointInfo, DecoderConfig, ModelMetadata, TensorInfo
 from .errors import (CheckpointNotFound, CorruptCheckpoint, HearthError, ImportFailed,
                      UnsupportedArchitecture, UnsupportedTensorType)
@@ -91,24 +92,19 @@ def _open_reader(path: Path):
     import gguf
 
     path = Path(path)
-    if not path.exists():
+    if not os.path.lexists(path):
         raise CheckpointNotFound(f"No such file: {path}")
-    if not path.is_file():
+    if path.is_dir():
         raise CorruptCheckpoint(f"{path} is a folder, not a GGUF file")
-    with open(path, "rb") as f:
-        magic = f.read(4)
-    if magic != GGUF_MAGIC:
-        raise CorruptCheckpoint(f"{path.name} is not a GGUF file (it does not start with the GGUF magic bytes)")
+    # Every count, length, type and offset is checked against the file's size before the gguf
+    # package's reader (which trusts them) is run over it.
+    header = validate.gguf_header(path)
     try:
         reader = gguf.GGUFReader(path, "r")
-    except Exception as e:  # the reader raises ValueError, IndexError, struct errors... on bad input
+    except Exception as e:  # whatever the walk above did not foresee stays a typed error
         raise CorruptCheckpoint(f"{path.name} is truncated or corrupt: its GGUF header cannot be read "
                                 f"({type(e).__name__}: {e})") from e
-    size = path.stat().st_size
-    for t in reader.tensors:
-        if t.data_offset + t.n_bytes > size:
-            raise CorruptCheckpoint(f"{path.name} is truncated: tensor {t.name} ends at byte "
-                                    f"{t.data_offset + t.n_bytes:,} but the file has only {size:,} bytes")
+    reader.hearth_metadata = header["metadata"]
     return reader
 
 
@@ -116,10 +112,17 @@ def _field(reader, key: str, default=None):
     field = reader.fields.get(key)
     if field is None:
         return default
+    checked = getattr(reader, "hearth_metadata", None)
+    if checked is not None and key in checked:     # strings and string arrays, decoded by the walk
+        return checked[key]
     try:
         return field.contents()
     except Exception as e:
         raise CorruptCheckpoint(f"{Path(reader.data.filename).name}: metadata key {key} cannot be read ({e})") from e
+
+
+def _int(reader, key: str, lo: int, hi: int, default=None):
+    return validate.gguf_int(_field(reader, key), key, Path(reader.data.filename).name, lo, hi, default)
 
 
 def _f32(value) -> float:
@@ -155,7 +158,7 @@ def inspect_gguf(path) -> CheckpointInfo:
 
 def _inspect_reader(path: Path, reader) -> CheckpointInfo:
     name = path.name
-    arch = _field(reader, "general.architecture")
+    arch = validate.gguf_str(_field(reader, "general.architecture"), "general.architecture", name)
     if arch is None:
         raise CorruptCheckpoint(f"{name} has no general.architecture key; it is not a model GGUF")
     if arch not in SUPPORTED_ARCHITECTURES:
@@ -164,8 +167,14 @@ def _inspect_reader(path: Path, reader) -> CheckpointInfo:
             f"{', '.join(sorted(SUPPORTED_ARCHITECTURES))}")
     hf_arch, model_type = SUPPORTED_ARCHITECTURES[arch]
 
-    def need(key):
-        value = _field(reader, f"{arch}.{key}")
+    def need(key, lo=1, hi=validate.MAX_HIDDEN):
+        value = _int(reader, f"{arch}.{key}", lo, hi)
+        if value is None:
+            raise CorruptCheckpoint(f"{name} lacks the metadata key {arch}.{key}")
+        return value
+
+    def number(key, lo, hi, default=None):
+        value = validate.gguf_float(_field(reader, f"{arch}.{key}"), f"{arch}.{key}", name, lo, hi, default)
         if value is None:
             raise CorruptCheckpoint(f"{name} lacks the metadata key {arch}.{key}")
         return value
@@ -178,48 +187,49 @@ def _inspect_reader(path: Path, reader) -> CheckpointInfo:
     if "token_embd.weight" not in by_name:
         raise CorruptCheckpoint(f"{name} has no token_embd.weight tensor")
 
-    hidden = int(need("embedding_length"))
-    n_heads = int(need("attention.head_count"))
-    n_kv = int(_field(reader, f"{arch}.attention.head_count_kv", n_heads))
-    head_dim = int(_field(reader, f"{arch}.attention.key_length", hidden // n_heads))
+    hidden = need("embedding_length")
+    n_heads = need("attention.head_count", hi=validate.MAX_HEADS)
+    n_kv = _int(reader, f"{arch}.attention.head_count_kv", 1, n_heads, n_heads)
+    if hidden % n_heads and _field(reader, f"{arch}.attention.key_length") is None:
+        raise CorruptCheckpoint(f"{name}: embedding_length {hidden} is not a multiple of its {n_heads} heads.")
+    head_dim = _int(reader, f"{arch}.attention.key_length", 1, validate.MAX_HIDDEN, hidden // n_heads)
     tokens_field = reader.fields.get("tokenizer.ggml.tokens")
-    vocab = int(_field(reader, f"{arch}.vocab_size", 0) or
-                (len(tokens_field.data) if tokens_field is not None else by_name["token_embd.weight"].shape[0]))
+    vocab = (_int(reader, f"{arch}.vocab_size", 0, validate.MAX_VOCAB, 0) or
+             (len(tokens_field.data) if tokens_field is not None else by_name["token_embd.weight"].shape[0]))
     tied = "output.weight" not in by_name
-    bos = _field(reader, "tokenizer.ggml.bos_token_id")
-    eos = _field(reader, "tokenizer.ggml.eos_token_id")
-    pad = _field(reader, "tokenizer.ggml.padding_token_id")
-    context = int(need("context_length"))
+    bos, eos, pad = (_int(reader, f"tokenizer.ggml.{k}_token_id", 0, validate.MAX_VOCAB)
+                     for k in ("bos", "eos", "padding"))
+    context = need("context_length", hi=validate.MAX_CONTEXT)
 
     rope_scaling = None
-    scaling_type = _field(reader, f"{arch}.rope.scaling.type")
+    scaling_type = validate.gguf_str(_field(reader, f"{arch}.rope.scaling.type"), f"{arch}.rope.scaling.type", name)
     if scaling_type not in (None, "none"):
-        rope_scaling = {"rope_type": scaling_type, "factor": _f32(_field(reader, f"{arch}.rope.scaling.factor", 1.0))}
-        original = _field(reader, f"{arch}.rope.scaling.original_context_length")
+        rope_scaling = {"rope_type": scaling_type, "factor": _f32(number("rope.scaling.factor", 0.0, 1e6, 1.0))}
+        original = _int(reader, f"{arch}.rope.scaling.original_context_length", 1, validate.MAX_CONTEXT)
         if original is not None:
-            rope_scaling["original_max_position_embeddings"] = int(original)
+            rope_scaling["original_max_position_embeddings"] = original
 
     config = {
         "architectures": [hf_arch],
         "model_type": model_type,
         "hidden_size": hidden,
-        "intermediate_size": int(need("feed_forward_length")),
-        "num_hidden_layers": int(need("block_count")),
+        "intermediate_size": need("feed_forward_length"),
+        "num_hidden_layers": need("block_count", hi=validate.MAX_LAYERS),
         "num_attention_heads": n_heads,
         "num_key_value_heads": n_kv,
         "head_dim": head_dim,
         "vocab_size": vocab,
-        "rms_norm_eps": _f32(need("attention.layer_norm_rms_epsilon")),
-        "rope_theta": _f32(_field(reader, f"{arch}.rope.freq_base", 10000.0)),
+        "rms_norm_eps": _f32(number("attention.layer_norm_rms_epsilon", 0.0, 1.0)),
+        "rope_theta": _f32(number("rope.freq_base", 0.0, 1e12, 10000.0)),
         "rope_scaling": rope_scaling,
         "max_position_embeddings": context,
         "tie_word_embeddings": tied,
         "hidden_act": "silu",
         "attention_bias": False,
         "mlp_bias": False,
-        "bos_token_id": None if bos is None else int(bos),
-        "eos_token_id": None if eos is None else int(eos),
-        "pad_token_id": None if pad is None else int(pad),
+        "bos_token_id": bos,
+        "eos_token_id": eos,
+        "pad_token_id": pad,
         "torch_dtype": "bfloat16",
     }
     dtypes = dict(Counter(t.dtype for t in tensors))
@@ -294,6 +304,20 @@ def _check_tensors(path: Path, reader, supported: frozenset) -> None:
         if hf_tensor_name(t.name) is None:
             raise ImportFailed(f"{path.name}: Hearth does not know where tensor {t.name} belongs in a "
                                f"llama model, so it cannot import this file faithfully")
+
+
+def _check_shapes(info: CheckpointInfo) -> None:
+    """Each tensor's shape agrees with the metadata (before the q/k unpermute relies on it)."""
+    from dataclasses import replace
+
+    from .catalog import TensorCatalog
+    from .weights import check_shapes
+
+    renamed = [replace(t, name=hf_tensor_name(t.name)) for t in info.tensors]
+    try:
+        check_shapes(info.decoder, TensorCatalog.build(info.decoder, renamed))
+    except CorruptCheckpoint as exc:
+        raise CorruptCheckpoint(exc.message.replace("config.json", f"the metadata of {info.path.name}")) from None
 
 
 def _write_safetensors(out: Path, reader, config: dict, counter: ByteCounter) -> None:
@@ -381,13 +405,20 @@ def build_tokenizer(path: Path, reader):
     from tokenizers import AddedToken, processors
 
     name = Path(path).name
-    model = _field(reader, "tokenizer.ggml.model")
+    model = validate.gguf_str(_field(reader, "tokenizer.ggml.model"), "tokenizer.ggml.model", name)
     tokens = _field(reader, "tokenizer.ggml.tokens")
     if model is None or not tokens:
         raise ImportFailed(f"{name} carries no tokenizer (tokenizer.ggml.model / tokens are missing)")
-    token_types = _field(reader, "tokenizer.ggml.token_type") or [TOKEN_NORMAL] * len(tokens)
-    bos, eos, unk, pad = (_field(reader, f"tokenizer.ggml.{k}_token_id")
+    token_types = _field(reader, "tokenizer.ggml.token_type")
+    validate.gguf_tokenizer(name, tokens, token_types, _field(reader, "tokenizer.ggml.scores"),
+                            _field(reader, "tokenizer.ggml.merges"), model)
+    token_types = token_types or [TOKEN_NORMAL] * len(tokens)
+    bos, eos, unk, pad = (_int(reader, f"tokenizer.ggml.{k}_token_id", 0, validate.MAX_VOCAB)
                           for k in ("bos", "eos", "unknown", "padding"))
+    for key in ("tokenizer.ggml.pre", "tokenizer.chat_template"):
+        validate.gguf_str(_field(reader, key), key, name)
+    for key in ("tokenizer.ggml.add_bos_token", "tokenizer.ggml.add_eos_token", "tokenizer.ggml.add_space_prefix"):
+        validate.gguf_bool(_field(reader, key), key, name, False)
     if model == "gpt2":
         tok = _byte_level_tokenizer(name, tokens, _field(reader, "tokenizer.ggml.merges") or [],
                                     _field(reader, "tokenizer.ggml.pre", "default"))
@@ -457,15 +488,21 @@ def convert_gguf(gguf_path, out_dir, progress: Optional[ProgressCallback] = None
     reader = _open_reader(gguf_path)
     info = _inspect_reader(gguf_path, reader)
     _check_tensors(gguf_path, reader, supported_tensor_types())
+    _check_shapes(info)
     tokenizer, tokenizer_config = build_tokenizer(gguf_path, reader)   # fail before writing anything
     if out_dir.exists():
         raise ImportFailed(f"Cannot import {gguf_path.name}: {out_dir} already exists")
 
     counter = ByteCounter(progress, IMPORTING, sum(int(t.n_bytes) for t in reader.tensors))
     counter.start(gguf_path.name)
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = out_dir.parent / f".{out_dir.name}.importing-{uuid.uuid4().hex[:8]}"
-    tmp.mkdir()
+    try:
+        out_dir.parent.mkdir(parents=True, exist_ok=True)
+        tmp.mkdir()
+    except OSError as e:
+        from .library import write_failure
+
+        raise ImportFailed(f"Cannot import {gguf_path.name} into {out_dir.parent}: {write_failure(e, out_dir.parent)}.") from e
     try:
         config = info.config
         _write_json(tmp / "config.json", config)
@@ -481,7 +518,9 @@ def convert_gguf(gguf_path, out_dir, progress: Optional[ProgressCallback] = None
         shutil.rmtree(tmp, ignore_errors=True)
         if isinstance(e, HearthError) or not isinstance(e, Exception):
             raise
-        raise ImportFailed(f"Importing {gguf_path.name} failed: {e}") from e
+        from .library import write_failure
+
+        raise ImportFailed(f"Importing {gguf_path.name} failed: {write_failure(e, out_dir.parent)}.") from e
     return info
 
 

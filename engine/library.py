@@ -9,6 +9,7 @@ readable manifest is an unfinished import: it is not listed, but its id stays ta
 """
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -54,6 +55,22 @@ class ModelManifest:
         if missing:
             raise CorruptCheckpoint(f"model manifest lacks {', '.join(sorted(missing))}")
         return cls(**{k: v for k, v in data.items() if k in known})
+
+
+_DISK_FULL = (errno.ENOSPC, errno.EFBIG, getattr(errno, "EDQUOT", errno.ENOSPC))
+
+
+def write_failure(exc: BaseException, where: Path) -> str:
+    """What a failed write means to a user: a full disk (or quota, or file-size limit) says so.
+    `tokenizers` (Rust) reports an I/O error as a bare Exception ending "(os error 28)"."""
+    code = getattr(exc, "errno", None)
+    if code is None:
+        m = re.search(r"\(os error (\d+)\)", str(exc))
+        code = int(m.group(1)) if m else None
+    if code in _DISK_FULL:
+        return (f"the disk holding {where} is full (or its quota or file-size limit was reached); "
+                "free some space and try again")
+    return getattr(exc, "strerror", None) or str(exc)
 
 
 def default_home() -> Path:
@@ -162,9 +179,11 @@ class ModelLibrary:
             if source:
                 manifest.source = source
             self._write_manifest(target, manifest)
-        except BaseException:
+        except BaseException as e:
             if target.exists():
                 self._delete(target)
+            if isinstance(e, OSError):
+                raise ImportFailed(f"Importing {path.name} failed: {write_failure(e, self.models_dir)}.") from e
             raise
         return manifest
 
@@ -215,7 +234,8 @@ class ModelLibrary:
         except BaseException as e:
             shutil.rmtree(tmp, ignore_errors=True)
             if isinstance(e, OSError):
-                raise ImportFailed(f"Copying {path.name} into the library failed: {e}") from e
+                raise ImportFailed(f"Copying {path.name} into the library failed: "
+                                   f"{write_failure(e, self.models_dir)}.") from e
             raise
         return self._manifest(target, model_id, name, architecture, quantization, context,
                               str(path.resolve()), "safetensors", "")

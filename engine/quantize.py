@@ -147,6 +147,11 @@ def write_nvfp4(source, out_dir, layout: str = MODELOPT, progress: Optional[Prog
         shutil.rmtree(tmp, ignore_errors=True)
         if isinstance(e, HearthError) or not isinstance(e, Exception):
             raise
+        if isinstance(e, OSError):
+            from .library import write_failure
+
+            raise ImportFailed(f"Quantizing {Path(info.path).name} failed: "
+                               f"{write_failure(e, out_dir.parent)}.") from e
         raise ImportFailed(f"Quantizing {Path(info.path).name} failed: {e}") from e
     return out_dir
 

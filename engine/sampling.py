@@ -5,12 +5,14 @@ repetition penalty (on raw logits) -> temperature -> top-k -> top-p -> min-p. Te
 top-k 1 is greedy (argmax, ties to the lowest id). A seeded draw at step `n` of a reply uses a
 uniform number derived only from (seed, n), so the same seed always gives the same text.
 The CUDA backend implements the same filters on the device (native/src/kernels/sampling.cu).
+A `TokenConstraint` on the state (structured output, engine/constraints.py) masks the logits before
+every filter; constrained rows are sampled here on the host on every backend (engine/scheduler.py).
 """
 from __future__ import annotations
 
 import secrets
 from dataclasses import dataclass, field, replace
-from typing import Optional, Sequence
+from typing import Optional, Protocol, Sequence
 
 
 @dataclass(frozen=True)
@@ -58,6 +60,15 @@ class SamplingParams:
 GREEDY = SamplingParams(temperature=0.0)
 
 
+class TokenConstraint(Protocol):
+    """Which tokens may come next (a grammar); advanced with every token the sampler returns."""
+
+    def allowed_mask(self, vocab_size: int):
+        """A bool torch tensor [vocab_size] of the tokens allowed now, or None for no restriction."""
+
+    def advance(self, token: int) -> None: ...
+
+
 @dataclass
 class SamplerState:
     """What one sequence's sampler carries between steps."""
@@ -65,6 +76,7 @@ class SamplerState:
     seed: int
     step: int = 0
     history: list[int] = field(default_factory=list)  # token ids the repetition penalty sees
+    constraint: Optional[TokenConstraint] = None
 
     @classmethod
     def start(cls, params: SamplingParams, history: Sequence[int] = ()) -> "SamplerState":
@@ -74,6 +86,8 @@ class SamplerState:
     def advance(self, token: int) -> None:
         self.step += 1
         self.history.append(token)
+        if self.constraint is not None:
+            self.constraint.advance(token)
 
 
 def step_uniform(seed: int, step: int) -> float:
@@ -141,6 +155,10 @@ def sample_token(logits, state: SamplerState) -> int:
     """Draw one token from a 1-D logits tensor, advancing nothing (the caller advances state)."""
     import torch
 
+    if state.constraint is not None:
+        mask = state.constraint.allowed_mask(logits.numel())
+        if mask is not None:
+            logits = logits.masked_fill(~mask.to(logits.device), float("-inf"))
     probs = filtered_probabilities(logits, state.params, state.history)
     if state.params.greedy:
         return int(torch.argmax(probs))

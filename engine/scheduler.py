@@ -184,15 +184,34 @@ class ModelLoop:
             with self._wake:
                 self.scheduler.prefilled(r, len(action.chunk), action.last)
             if action.last:
-                self._accept([r], runner.sample([r.state]))
+                self._accept([r], self._sample([r.state]))
             return
         batch = action.batch
-        tokens = runner.decode_and_sample([r.seq for r in batch], [r.pending for r in batch],
-                                          [r.state for r in batch])
+        states = [r.state for r in batch]
+        if self._host_sampling(states):
+            runner.decode([r.seq for r in batch], [r.pending for r in batch])
+            tokens = self._sample(states)
+        else:
+            tokens = runner.decode_and_sample([r.seq for r in batch], [r.pending for r in batch], states)
         for r in batch:
             r.fed.append(r.pending)
             r.pending = None
         self._accept(batch, tokens)
+
+    def _host_sampling(self, states) -> bool:
+        """A token mask (structured output) is applied by the host sampler: the device sampler of
+        cuda-native takes no mask, so such a step reads the logits back and samples here."""
+        return self.runner.backend_name != "torch" and any(st.constraint is not None for st in states)
+
+    def _sample(self, states) -> list:
+        if not self._host_sampling(states):
+            return self.runner.sample(states)
+        import torch
+
+        from .sampling import sample_token
+
+        logits = torch.from_numpy(self.runner.last_logits())
+        return [sample_token(logits[i], st) for i, st in enumerate(states)]
 
     def _accept(self, batch: Sequence[Request], tokens: Sequence[int]) -> None:
         for r, token in zip(batch, tokens):

@@ -33,6 +33,10 @@ if [[ $STEP == all || $STEP == test || $STEP == bench ]]; then
   for shape in ${HEARTH_SYNTH_SHAPES:-smollm2-135m llama3.2-1b qwen3-0.6b llama3.1-8b}; do
     [[ -f $MODELS/$shape/config.json ]] || python3 -m engine.tools.synth --shape "$shape" --out "$MODELS/$shape" >>"$OUT/synth.log" 2>&1
   done
+  # HEARTH_NVFP4_SHAPES: NVFP4 checkpoints (random codes and scales) at $MODELS/<shape>-nvfp4.
+  for shape in ${HEARTH_NVFP4_SHAPES-llama3.2-1b llama3.1-8b}; do
+    [[ -f $MODELS/$shape-nvfp4/config.json ]] || python3 -m engine.tools.synth --shape "$shape" --nvfp4 --out "$MODELS/$shape-nvfp4" >>"$OUT/synth.log" 2>&1
+  done
 fi
 
 if [[ $STEP == all || $STEP == test ]]; then
@@ -55,6 +59,15 @@ if [[ $STEP == all || $STEP == bench ]]; then
     "${model_args[@]}" >"$OUT/bench.log" 2>&1
   summary+=("bench rc=$?")
   grep -v '^{' "$OUT/bench.log" | tail -20
+  # The NVFP4 checkpoints alone (no peer here loads them: transformers needs ModelOpt's kernels).
+  model_args=()
+  for shape in ${HEARTH_NVFP4_SHAPES-llama3.2-1b llama3.1-8b}; do model_args+=(--model "$MODELS/$shape-nvfp4"); done
+  if [[ ${#model_args[@]} -gt 0 ]]; then
+    timeout "${HEARTH_BENCH_NVFP4_TIMEOUT:-150}" python3 -m engine.bench --tokens 128 --json "$OUT/bench_nvfp4.json" \
+      "${model_args[@]}" >"$OUT/bench_nvfp4.log" 2>&1
+    summary+=("bench nvfp4 rc=$?")
+    grep -v '^{' "$OUT/bench_nvfp4.log" | tail -12
+  fi
 fi
 
 # Optional: per-kernel decode profile (graphs on and off) of the shapes in HEARTH_PROFILE_MODELS

@@ -73,3 +73,24 @@ def test_engine_plan_is_the_native_plan_on_cuda_native(info):
     plan = eng.memory_plan(str(info.path), context_length=4096)
     assert plan.workspace_parts and plan.sessions == eng.resident_sessions
     assert plan.total_bytes == _plan(info, sessions=eng.resident_sessions)[1].total_bytes
+
+
+def test_an_nvfp4_checkpoint_is_planned_packed(default_model, tmp_path):
+    """cuda-native keeps NVFP4 projections packed: the plan's weights are the codes and block scales
+    (resident_bytes(packed=True), up to the 256-byte alignment of each piece) and its workspace holds
+    one projection expanded to 16 bits for the tensor-core product."""
+    from engine.backends import cuda_native
+    from engine.nvfp4_checkpoint import resident_bytes
+    from engine.quantize import write_nvfp4
+
+    info4 = inspect(write_nvfp4(default_model.path, tmp_path / "nvfp4"))
+    raw = cuda_native.memory_plan(info4, 4096, 8, 4, "fast")
+    d = info4.decoder
+    pieces = d.num_layers * 20 + 4  # an upper bound on the pieces the layout aligns
+    packed = resident_bytes(info4, 2, packed=True)
+    assert packed <= raw["weight_bytes"] <= packed + 256 * pieces
+    dense = cuda_native.memory_plan(inspect(default_model.path), 4096, 8, 4, "fast")
+    assert raw["weight_bytes"] < 0.5 * dense["weight_bytes"]
+    largest = max(d.q_size + 2 * d.kv_size, 2 * d.intermediate_size) * d.hidden_size
+    assert raw["workspace"]["nvfp4_expanded"] == -(-largest * 2 // 256) * 256
+    assert "nvfp4_expanded" not in dense["workspace"] or dense["workspace"]["nvfp4_expanded"] == 0

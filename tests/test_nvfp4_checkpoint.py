@@ -299,12 +299,18 @@ def test_memory_plan_counts_packed_and_dequantized_bytes(made, tmp_path):
     assert packed == (dense - proj) * 2 + proj // 2 + proj // 16 + 4 * 14
 
 
-def test_cuda_native_refuses_nvfp4_with_a_reason(made):
+def test_cuda_native_takes_nvfp4_on_every_projection_or_refuses_with_a_reason(made, synth, tmp_path):
+    """cuda-native runs NVFP4 projections packed (tests/cuda/test_nvfp4_cuda.py); a checkpoint that
+    keeps some layer projections 16-bit (here down_proj, whose 40 inputs are no multiple of 16) is
+    refused before any GPU work, naming the layer and the projection."""
     from engine.backends import cuda_native
+    from engine.nvfp4_checkpoint import PROJECTIONS
 
-    info = inspect(made["modelopt"])
-    with pytest.raises(UnsupportedTensorType, match="does not run NVFP4 weights yet"):
-        cuda_native.CudaRunner(info, RunnerOptions(context_length=16))
+    layers = cuda_native._nvfp4_layers(inspect(made["modelopt"]))
+    assert all(set(roles) == set(PROJECTIONS) for roles in layers.layers)
+    mixed = write_nvfp4(synth("tiny", tokenizer=True, intermediate_size=40), tmp_path / "mixed")
+    with pytest.raises(UnsupportedTensorType, match="Layer 0 keeps down in 16 bits"):
+        cuda_native.CudaRunner(inspect(mixed), RunnerOptions(context_length=16))
 
 
 def test_quantizing_twice_or_a_gguf_is_refused(made, tmp_path):

@@ -24,13 +24,16 @@ from ..widgets.composer import Composer
 from ..widgets.inspector import Inspector
 from ..widgets.load_progress import LoadProgress
 from ..widgets.model_manager import ModelManager
+from ..widgets.server_panel import ServerPanel
 from ..widgets.session_list import SessionList
 from ..widgets.settings_panel import DEFAULT_PARAMS, SettingsPanel
 from ..worker import DEFAULT_MODEL_ID, EngineClient
 
 log = logging.getLogger("hearth.app")
 RESOURCES = Path(__file__).resolve().parents[2] / "resources"
-CHAT, MODELS, INSPECT, LOGS, SETTINGS = 0, 1, 2, 3, 4
+CHAT, MODELS, INSPECT = 0, 1, 2
+SERVER = 3
+LOGS, SETTINGS = 4, 5
 RESOURCE_POLL_MS = 2000
 
 
@@ -126,9 +129,7 @@ class MainWindow(QMainWindow):
         rl.addSpacing(12)
         self.nav = QButtonGroup(self)
         self.nav.setExclusive(True)
-        for index, (label, tip) in enumerate((("Chat", "Chats"), ("Models", "Model library"),
-                                              ("Inspect", "Checkpoint inspector"), ("Logs", "Logs and diagnostics"),
-                                              ("Settings", "Settings"))):
+        def rail_button(index: int, label: str, tip: str) -> None:
             b = QToolButton()
             b.setObjectName("railButton")
             b.setText(label)
@@ -138,6 +139,11 @@ class MainWindow(QMainWindow):
             b.setToolButtonStyle(Qt.ToolButtonTextOnly)
             self.nav.addButton(b, index)
             rl.addWidget(b)
+        for index, label, tip in ((CHAT, "Chat", "Chats"), (MODELS, "Models", "Model library"),
+                                  (INSPECT, "Inspect", "Checkpoint inspector"),
+                                  (SERVER, "Server", "Local server and remote endpoints"),   # server_panel.py
+                                  (LOGS, "Logs", "Logs and diagnostics"), (SETTINGS, "Settings", "Settings")):
+            rail_button(index, label, tip)
         rl.addStretch(1)
         root.addWidget(rail)
 
@@ -214,6 +220,8 @@ class MainWindow(QMainWindow):
         self.pages.addWidget(self.manager)
         self.inspector = Inspector()
         self.pages.addWidget(self.inspector)
+        self.server_panel = ServerPanel()
+        self.pages.addWidget(self.server_panel)
         self.diagnostics = Diagnostics(self.log_capture)
         self.pages.addWidget(self.diagnostics)
         from ..store import hearth_home
@@ -275,6 +283,8 @@ class MainWindow(QMainWindow):
         m.selection_changed.connect(self._plan_if_needed)
         m.context_changed.connect(self._context_changed)
         self.inspector.inspect_path_requested.connect(self.inspect)
+        self.server_panel.attach(self.client)
+        self.server_panel.remote_models_changed.connect(lambda _models: self._refresh_model_combo())
 
         s = self.sessions
         s.new_requested.connect(self.new_chat)
@@ -560,6 +570,8 @@ class MainWindow(QMainWindow):
         self.model_combo.clear()
         for row in self.library.loaded_rows():
             self.model_combo.addItem(row.name, row.id)
+        for ref, label in self.server_panel.remote_models:   # remote endpoints' models
+            self.model_combo.addItem(label, ref)
         index = self.model_combo.findData(current)
         if index >= 0:
             self.model_combo.setCurrentIndex(index)

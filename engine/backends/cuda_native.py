@@ -100,6 +100,24 @@ def refuse_unsupported(info: CheckpointInfo) -> None:
             "Load this model with the torch backend (--backend torch), which runs it on the CPU.")
 
 
+def _nvfp4_layers(info: CheckpointInfo):
+    """The NVFP4 projections of every layer, checked (None for a 16-bit checkpoint). The engine runs
+    NVFP4 on every layer projection or on none: a checkpoint that keeps some of them 16-bit is refused."""
+    if info.quant_scheme is None:
+        return None
+    from ..nvfp4_checkpoint import PROJECTIONS, check_runnable
+
+    layers = check_runnable(info)
+    for i, roles in enumerate(layers.layers):
+        missing = [r for r in PROJECTIONS if r not in roles]
+        if missing:
+            raise UnsupportedTensorType(
+                f"Layer {i} keeps {', '.join(missing)} in 16 bits beside NVFP4 projections; the cuda-native "
+                "backend runs NVFP4 on every layer projection or on none. The torch backend runs this model "
+                "(--backend torch).")
+    return layers
+
+
 def _model_config(info: CheckpointInfo, precision: str = "fast") -> dict:
     d = info.decoder
     refuse_unsupported(info)
@@ -112,6 +130,7 @@ def _model_config(info: CheckpointInfo, precision: str = "fast") -> dict:
         "vocab": d.vocab_size, "rms_eps": float(d.rms_norm_eps), "rope_theta": float(d.rope_theta),
         "tied_embeddings": "lm_head" not in info.catalog.globals,
         "qkv_bias": bool(d.attention_bias), "qk_norm": bool(d.qk_norm), "precision": precision,
+        "nvfp4": _nvfp4_layers(info) is not None,
     }
     scaling = d.rope_scaling or {}
     kind = scaling.get("rope_type") or scaling.get("type") or "default"
@@ -152,9 +171,9 @@ def memory_plan(info: CheckpointInfo, context_length: int, max_batch: int, sessi
     return dict(native.plan_memory(config, _cache_config(context_length, block_size, max_batch, blocks)))
 
 
-def _placements(info: CheckpointInfo):
-    """(slot, layer, TensorInfo, element offset) for every tensor the engine loads, fused slots
-    (q/k/v, gate/up) filled part by part."""
+def _placements(info: CheckpointInfo, nvfp4_layers=None):
+    """(slot, layer, TensorInfo, element offset) for every 16-bit tensor the engine loads, fused slots
+    (q/k/v, gate/up) filled part by part. NVFP4 projections (`nvfp4_layers`) load separately."""
     d = info.decoder
     cat = info.catalog
     H, I = d.hidden_size, d.intermediate_size
@@ -164,7 +183,7 @@ def _placements(info: CheckpointInfo):
         out.append(("lm_head", -1, cat.globals["lm_head"], 0))
     for i, entry in enumerate(cat.layers):
         for role, t in entry.roles.items():
-            if role not in _LAYER_ROLES:
+            if role not in _LAYER_ROLES or (nvfp4_layers is not None and role in nvfp4_layers.layers[i]):
                 continue
             slot, part = _LAYER_ROLES[role]
             if slot in ("bqkv", "q_norm", "k_norm") and not (d.attention_bias if slot == "bqkv" else d.qk_norm):
@@ -191,12 +210,9 @@ class CudaRunner(ModelRunner):
         self.options = options
         if info.format != "safetensors":
             raise UnsupportedTensorType("The cuda-native backend loads safetensors checkpoints.")
-        if info.quant_scheme is not None:
-            raise UnsupportedTensorType(
-                "The cuda-native backend does not run NVFP4 weights yet (its kernels are not written); "
-                "the torch backend runs this model by dequantizing them (--backend torch).")
+        nvfp4_layers = _nvfp4_layers(info)
         config = _model_config(info, options.precision)
-        placements = _placements(info)
+        placements = _placements(info, nvfp4_layers)
         for _, _, t, _ in placements:
             if t.dtype not in _DTYPE_CODES:
                 raise UnsupportedTensorType(f"The cuda-native backend reads bf16, fp16 and fp32 tensors, "
@@ -205,6 +221,9 @@ class CudaRunner(ModelRunner):
                               options.kv_blocks, options.prefill_chunk)
         _preload_cublaslt()
         total = sum(p[2].bytes for p in placements)
+        if nvfp4_layers is not None:
+            total += sum(e.weight.bytes + e.block_scale.bytes + e.global_scale.bytes
+                         for layer in nvfp4_layers.layers for e in layer.values())
         counter = ByteCounter(progress, LOADING_WEIGHTS, total)
         counter.start("allocating GPU memory")
         try:
@@ -218,6 +237,8 @@ class CudaRunner(ModelRunner):
                 self._model.load_tensor(getattr(native.Slot, slot), layer, str(Path(info.path) / t.file),
                                         t.offset, t.bytes, _DTYPE_CODES[t.dtype], offset, t.numel)
                 counter.advance(t.bytes, t.name)
+            if nvfp4_layers is not None:
+                self._load_nvfp4(info, nvfp4_layers, counter)
             self._model.finish_load()
         except native.OutOfMemory as exc:
             self._model = None
@@ -230,6 +251,24 @@ class CudaRunner(ModelRunner):
         if progress:
             progress(ProgressEvent(PREPARING_RUNNER, total, total, "weights resident on the GPU"))
         self._sequences: set[int] = set()
+
+    def _load_nvfp4(self, info: CheckpointInfo, layers, counter: ByteCounter) -> None:
+        """Each layer's NVFP4 projections, fused as the engine holds them (q/k/v and gate/up rows
+        stacked on one global scale: nvfp4_checkpoint.read_layer), copied packed into their slots."""
+        from ..nvfp4_checkpoint import read_layer
+        from ..weights import TensorReader
+
+        slots = {"wqkv": ("q", "k", "v"), "wo": ("o",), "wgu": ("gate", "up"), "wdown": ("down",)}
+        with TensorReader(info) as reader:
+            for i, roles in enumerate(layers.layers):
+                tensors = read_layer(reader, roles, counter.advance)
+                for slot, parts in slots.items():
+                    group = [tensors[r] for r in parts]
+                    codes = np.concatenate([t.packed for t in group]) if len(group) > 1 else group[0].packed
+                    scales = (np.concatenate([t.block_scales for t in group]) if len(group) > 1
+                              else group[0].block_scales)
+                    self._model.load_nvfp4(getattr(self._native.Slot, slot), i, codes, scales,
+                                           float(group[0].global_scale))
 
     # ----------------------------------------------------------------------------- helpers
     def _m(self):

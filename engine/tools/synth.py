@@ -7,6 +7,10 @@ tensor into safetensors files (on the GPU when torch sees one, so the 8B shape t
 minutes). `--tokenizer` adds a byte-level tokenizer and a ChatML template so chat works end to end;
 `--tokenizer-from DIR` copies a real model's tokenizer instead (the vocabulary follows it).
 
+`--nvfp4` writes the dense layers' projections as a ModelOpt NVFP4 checkpoint instead (random e2m1 codes,
+random e4m3 block scales between 32 and 240, one global scale per tensor: values of about the same spread
+as the bf16 ones, drawn directly, so the 8B shape takes seconds; `hearth quantize` is the real quantizer).
+
 Mixture-of-experts shapes are written as real checkpoints are on disk: one tensor per expert
 (`mlp.experts.{e}.{gate,up,down}_proj.weight`; Mixtral `block_sparse_moe.experts.{e}.{w1,w3,w2}`),
 as transformers 5.24 itself saves them (it stacks experts in memory only).
@@ -190,9 +194,38 @@ def _random_tensor(torch, name: str, shape, seed: int, index: int, dtype, device
     return x.to(dtype)
 
 
+_NVFP4_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+_NVFP4_GLOBAL = 7e-5  # mean |e2m1| (2.25) x a typical block scale (128) x this = 0.02
+
+
+def _nvfp4_entries(name: str, shape) -> list:
+    """(name, safetensors dtype, shape, bytes) of a projection written as NVFP4 (ModelOpt names)."""
+    n, k = shape
+    module = name[: -len(".weight")]
+    return [(name, "U8", (n, k // 2), n * k // 2), (module + ".weight_scale", "F8_E4M3", (n, k // 16), n * k // 16),
+            (module + ".weight_scale_2", "F32", (), 4)]
+
+
+def _is_nvfp4_projection(name: str, shape) -> bool:
+    parts = name.split(".")
+    return (len(shape) == 2 and name.startswith("model.layers.") and "experts" not in parts and
+            len(parts) >= 2 and parts[-2] in _NVFP4_PROJECTIONS and shape[1] % 32 == 0)
+
+
+def _random_nvfp4(torch, name: str, dtype: str, shape, seed: int, index: int, device):
+    gen = torch.Generator(device=device).manual_seed(seed * 1_000_003 + index)
+    if dtype == "U8":       # uniform random codes, both nibbles
+        return torch.randint(0, 256, shape, generator=gen, device=device, dtype=torch.uint8)
+    if dtype == "F8_E4M3":  # e4m3 exponents 12..14 (32 .. 240), any mantissa
+        exponent = torch.randint(12, 15, shape, generator=gen, device=device, dtype=torch.int32)
+        mantissa = torch.randint(0, 8, shape, generator=gen, device=device, dtype=torch.int32)
+        return (exponent * 8 + mantissa).to(torch.uint8)
+    return torch.tensor(_NVFP4_GLOBAL, dtype=torch.float32)
+
+
 def write_checkpoint(shape: str, out: Path, seed: int = 0, dtype: str = "bf16", tokenizer: bool = False,
                      overrides: dict | None = None, device: str | None = None,
-                     tokenizer_from: Path | None = None) -> Path:
+                     tokenizer_from: Path | None = None, nvfp4: bool = False) -> Path:
     import torch
 
     if shape not in SHAPES:
@@ -206,15 +239,28 @@ def write_checkpoint(shape: str, out: Path, seed: int = 0, dtype: str = "bf16", 
     torch_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dtype]
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     out.mkdir(parents=True, exist_ok=True)
-    shapes = tensor_shapes(cfg)
+    entries = []  # (name, safetensors dtype, shape, bytes)
+    for name, shp in tensor_shapes(cfg):
+        if nvfp4 and _is_nvfp4_projection(name, shp):
+            entries += _nvfp4_entries(name, shp)
+        else:
+            entries.append((name, st_dtype, shp, math.prod(shp) * itemsize))
+    if nvfp4:
+        from ..quantize import MODELOPT, _quantization_config
+
+        cfg["quantization_config"] = _quantization_config(MODELOPT, ["lm_head"])
+        with open(out / "hf_quant_config.json", "w") as f:
+            json.dump({"producer": {"name": "hearth-synth"}, "quantization": {
+                "quant_algo": "NVFP4", "kv_cache_quant_algo": None, "group_size": 16,
+                "exclude_modules": ["lm_head"]}}, f, indent=2)
     # Split into shards of at most ~5 GB, as Hugging Face does.
     shards, current, size = [], [], 0
-    for name, shp in shapes:
-        nbytes = math.prod(shp) * itemsize
+    for entry in entries:
+        nbytes = entry[3]
         if current and size + nbytes > _SHARD_BYTES:
             shards.append(current)
             current, size = [], 0
-        current.append((name, shp))
+        current.append(entry)
         size += nbytes
     shards.append(current)
     names = ["model.safetensors"] if len(shards) == 1 else [
@@ -222,9 +268,8 @@ def write_checkpoint(shape: str, out: Path, seed: int = 0, dtype: str = "bf16", 
     weight_map, index = {}, 0
     for file_name, shard in zip(names, shards):
         header, offset = {}, 0
-        for name, shp in shard:
-            nbytes = math.prod(shp) * itemsize
-            header[name] = {"dtype": st_dtype, "shape": list(shp), "data_offsets": [offset, offset + nbytes]}
+        for name, st, shp, nbytes in shard:
+            header[name] = {"dtype": st, "shape": list(shp), "data_offsets": [offset, offset + nbytes]}
             offset += nbytes
             weight_map[name] = file_name
         raw = json.dumps(header, separators=(",", ":")).encode()
@@ -232,12 +277,15 @@ def write_checkpoint(shape: str, out: Path, seed: int = 0, dtype: str = "bf16", 
         with open(out / file_name, "wb") as f:
             f.write(struct.pack("<Q", len(raw)))
             f.write(raw)
-            for name, shp in shard:
-                t = _random_tensor(torch, name, shp, seed, index, torch_dtype, device)
+            for name, st, shp, _ in shard:
+                if st == st_dtype:
+                    t = _random_tensor(torch, name, shp, seed, index, torch_dtype, device)
+                else:
+                    t = _random_nvfp4(torch, name, st, shp, seed, index, device)
                 index += 1
-                f.write(t.contiguous().cpu().view(torch.uint8).numpy().tobytes())
+                f.write(t.contiguous().cpu().reshape(-1).view(torch.uint8).numpy().tobytes())
     if len(shards) > 1:
-        total = sum(math.prod(s) * itemsize for _, s in shapes)
+        total = sum(e[3] for e in entries)
         with open(out / "model.safetensors.index.json", "w") as f:
             json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=1)
     with open(out / "config.json", "w") as f:
@@ -313,9 +361,11 @@ def main(argv=None) -> int:
     parser.add_argument("--tokenizer-from", type=Path, default=None,
                         help="copy this model folder's tokenizer and chat template (the vocabulary follows it)")
     parser.add_argument("--device", default=None, help="where to draw the weights (default: cuda if present)")
+    parser.add_argument("--nvfp4", action="store_true",
+                        help="the dense layers' projections as a ModelOpt NVFP4 checkpoint (random codes and scales)")
     args = parser.parse_args(argv)
     path = write_checkpoint(args.shape, args.out, args.seed, args.dtype, args.tokenizer, device=args.device,
-                            tokenizer_from=args.tokenizer_from)
+                            tokenizer_from=args.tokenizer_from, nvfp4=args.nvfp4)
     print(path)
     return 0
 

@@ -44,6 +44,7 @@ hearth::ModelConfig model_config(const py::dict& d) {
   c.tied_embeddings = get<bool>(d, "tied_embeddings", false);
   c.qkv_bias = get<bool>(d, "qkv_bias", false);
   c.qk_norm = get<bool>(d, "qk_norm", false);
+  c.nvfp4 = get<bool>(d, "nvfp4", false);
   const std::string precision = get<std::string>(d, "precision", "fast");
   if (precision != "fast" && precision != "exact")
     throw std::invalid_argument("precision must be 'fast' or 'exact', not '" + precision + "'");
@@ -135,6 +136,19 @@ void bind_runtime(py::module_& m) {
       .def("load_tensor", &Model::load_tensor, release(), py::arg("slot"), py::arg("layer"),
            py::arg("path"), py::arg("file_offset"), py::arg("nbytes"), py::arg("dtype"),
            py::arg("elem_offset"), py::arg("numel"))
+      .def("load_nvfp4",
+           [](Model& self, hearth::Slot slot, int layer,
+              py::array_t<uint8_t, py::array::c_style | py::array::forcecast> codes,
+              py::array_t<uint8_t, py::array::c_style | py::array::forcecast> block_scales,
+              float global_scale) {
+             const uint8_t* c = codes.data();
+             const uint8_t* s = block_scales.data();
+             const int64_t cb = codes.nbytes(), sb = block_scales.nbytes();
+             py::gil_scoped_release unlocked;
+             self.load_nvfp4(slot, layer, c, cb, s, sb, global_scale);
+           },
+           py::arg("slot"), py::arg("layer"), py::arg("codes"), py::arg("block_scales"),
+           py::arg("global_scale"))
       .def("finish_load", &Model::finish_load, release())
       .def("allocate_sequence", &Model::allocate_sequence)
       .def("release_sequence", &Model::release_sequence)
@@ -221,12 +235,17 @@ void bind_runtime(py::module_& m) {
   k.def("swiglu", &c::swiglu, release(), py::arg("gate_up"), py::arg("out"), py::arg("rows"),
         py::arg("inter"), py::arg("out16") = 0, py::arg("row_scale") = 0);
   k.def("gemv_swiglu", &c::gemv_swiglu, release());
+  k.def("gemv_nvfp4", &c::gemv_nvfp4, release(), py::arg("x"), py::arg("codes"), py::arg("block_scales"),
+        py::arg("global_scale"), py::arg("out"), py::arg("rows"), py::arg("n"), py::arg("k"));
+  k.def("nvfp4_expand", &c::nvfp4_expand, release(), py::arg("codes"), py::arg("block_scales"),
+        py::arg("out"), py::arg("n"), py::arg("k"), py::arg("fp16"));
   k.def("decode_attention_launch", &c::decode_attention_launch, release());
   k.def("gemv_fused", &c::gemv_fused, release(), py::arg("x"), py::arg("w"), py::arg("out"),
         py::arg("rows"), py::arg("n"), py::arg("k"), py::arg("norm_weight"), py::arg("norm_partials"),
         py::arg("norm_count"), py::arg("eps"), py::arg("residual_partials"), py::arg("fp16") = false,
         py::arg("w_scale") = 1.f);
-  k.def("gemv_blocks", &hearth::gemv_blocks, py::arg("rows"), py::arg("n"), py::arg("k"));
+  k.def("gemv_blocks", [](int rows, int n, int k) { return hearth::gemv_blocks(rows, n, k); },
+        py::arg("rows"), py::arg("n"), py::arg("k"));
   k.def("matmul", &c::matmul, release());
   k.def("gemm_fast", &c::gemm_fast, release());
   k.def("convert_to_f16", &c::convert_to_f16, release());

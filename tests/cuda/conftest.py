@@ -46,3 +46,37 @@ def model_dir(synth):
         return synth(shape)
 
     return get
+
+
+@pytest.fixture(scope="session")
+def plan_then_load():
+    """plan_then_load(path, context) -> (MemoryPlan, bytes the load took): the native plan at the
+    default resident sessions, then a load (device memory free before minus free after, torch's
+    CUDA context already up; the runner closed again)."""
+    import gc
+
+    import torch
+
+    from engine.backends import cuda_native
+    from engine.backends.base import RunnerOptions
+    from engine.checkpoint import inspect
+    from engine.plan import DEFAULT_RESIDENT_SESSIONS, MemoryPlan
+
+    def measure(path, context):
+        info = inspect(path)
+        raw = cuda_native.memory_plan(info, context, 8, DEFAULT_RESIDENT_SESSIONS, "fast")
+        plan = MemoryPlan.from_native(info.decoder, raw, context, 16, DEFAULT_RESIDENT_SESSIONS, 0, "fast")
+        gc.collect()
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        free_before = torch.cuda.mem_get_info()[0]
+        runner = cuda_native.load_runner(info, info.plan, RunnerOptions(context_length=context, max_batch=8,
+                                                                         kv_blocks=plan.kv_blocks))
+        try:
+            torch.cuda.synchronize()
+            return plan, free_before - torch.cuda.mem_get_info()[0]
+        finally:
+            runner.close()
+            gc.collect()
+
+    return measure

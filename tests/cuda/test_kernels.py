@@ -610,3 +610,53 @@ def test_sampling_matches_reference_sets(vocab, case):
             agree += got[r] == sample_token(logits[r].cpu(), state)
             draws += 1
     assert agree >= draws - 1  # the same draw as the reference, barring a rounding at a CDF edge
+
+
+def _nvfp4_weight(n, k, seed):
+    """A fresh NVFP4 weight (engine.nvfp4.quantize of random values, with an all-zero block and a block
+    of tiny magnitudes whose e4m3 scales are subnormal) and its float64 value on the GPU."""
+    import numpy as np
+
+    from engine import nvfp4
+
+    rng = np.random.default_rng(seed)
+    w = (rng.standard_normal((n, k)) * 0.02).astype(np.float32)
+    w[0, :16] = 0.0
+    w[min(1, n - 1), 16:32] *= 1e-4
+    t = nvfp4.quantize(w)
+    codes = torch.from_numpy(np.ascontiguousarray(t.packed)).cuda()
+    scales = torch.from_numpy(np.ascontiguousarray(t.block_scales)).cuda()
+    value = torch.from_numpy(t.dequantize().astype(np.float64)).cuda()
+    return t, codes, scales, value
+
+
+@pytest.mark.parametrize("rows,n,k", [(1, 960, 576), (3, 1536, 576), (8, 576, 1536), (1, 6144, 4096),
+                                      (5, 4096, 14336), (2, 100, 32)])
+def test_gemv_nvfp4_weights(rows, n, k):
+    """The GEMV reads NVFP4 codes and block scales directly: the fp32 product of the dequantized
+    weights (engine.nvfp4's reference), against float64."""
+    t, codes, scales, value = _nvfp4_weight(n, k, seed=rows * 7 + n)
+    x = torch.randn(rows, k, device="cuda")
+    out = poison((rows, n), torch.float32)
+    K().gemv_nvfp4(ptr(x), ptr(codes), ptr(scales), float(t.global_scale), ptr(out), rows, n, k)
+    assert rel(out, x.double() @ value.T) < 1e-5
+
+
+@pytest.mark.parametrize("fp16", [True, False])
+def test_nvfp4_expands_exactly_into_16_bits(fp16):
+    """e2m1 * e4m3 is exact in fp16 and bf16: the expansion times the global scale is the reference's
+    dequantized weight bit for bit (in float64), subnormal block scales and zero blocks included."""
+    n, k = 1000, 576
+    t, codes, scales, value = _nvfp4_weight(n, k, seed=11)
+    out = poison((n, k), torch.float16 if fp16 else torch.bfloat16)
+    K().nvfp4_expand(ptr(codes), ptr(scales), ptr(out), n, k, fp16)
+    assert torch.isfinite(out).all()
+    g = float(t.global_scale)
+    import numpy as np
+
+    from engine import nvfp4
+
+    exact = (nvfp4.e2m1_decode(nvfp4.unpack_codes(t.packed)).reshape(n, k // 16, 16).astype(np.float64)
+             * nvfp4.e4m3_decode(t.block_scales).reshape(n, k // 16, 1)).reshape(n, k)
+    assert torch.equal(out.double().cpu(), torch.from_numpy(exact))
+    assert rel(out.double() * g, value) < 1e-7

@@ -221,18 +221,18 @@ void launch_gemm_exact(const float* x, const WeightView& w, float* out, int rows
     bf16* hi = work.split;
     bf16* lo = work.split + (size_t)rows * k;
     launch_split_bf16(x, hi, lo, (int64_t)rows * k, stream);
-    const float one = 1.f, zero = 0.f;
+    const float alpha = w.scale, one = 1.f, zero = 0.f;
     const LtPlan& plan = lt_plan(rows, n, k, ws_bytes, CUDA_R_16BF);
-    check_lt(lt().matmul(lt().handle, plan.desc, &one, wt, plan.a, hi, plan.b, &zero, out, plan.c,
+    check_lt(lt().matmul(lt().handle, plan.desc, &alpha, wt, plan.a, hi, plan.b, &zero, out, plan.c,
                          out, plan.c, &plan.algo, work.workspace, ws_bytes, stream),
              "Matmul");
-    check_lt(lt().matmul(lt().handle, plan.desc, &one, wt, plan.a, lo, plan.b, &one, out, plan.c,
+    check_lt(lt().matmul(lt().handle, plan.desc, &alpha, wt, plan.a, lo, plan.b, &one, out, plan.c,
                          out, plan.c, &plan.algo, work.workspace, ws_bytes, stream),
              "Matmul");
     return;
   }
 #endif
-  launch_tiled(x, wt, out, rows, n, k, 1.f, stream);
+  launch_tiled(x, wt, out, rows, n, k, w.scale, stream);
 }
 
 void launch_gemm_fast(const Fp16Operand& x, const WeightView& w, float* out, int rows, int n, int k,

@@ -15,12 +15,16 @@ using f16 = __half;
 // A projection's weight [n, k] as it lies on the GPU. Bf16: the checkpoint's values (the `exact`
 // precision). Fp16: the values times a per-tensor power of two chosen at load so the largest lands
 // in [2^14, 2^15) (the `fast` precision's operand); `scale` = 2^-e undoes it, exactly, after the
-// product. Formats with block scales (NVFP4) add their own fields here.
-enum class WeightFormat { Bf16, Fp16 };
+// product. NvFp4 (docs/NVFP4.md): `data` the e2m1 codes [n, k/2] (two per byte, the even input in
+// the low nibble), `block_scales` one e4m3 per 16 inputs [n, k/16], `scale` the fp32 global scale:
+// true weight = e2m1 * e4m3 * scale. e2m1 * e4m3 is exact in 16 bits; the global scale is applied in
+// fp32 to finished sums (in 16 bits it would underflow).
+enum class WeightFormat { Bf16, Fp16, NvFp4 };
 struct WeightView {
   const void* data = nullptr;
   WeightFormat format = WeightFormat::Bf16;
   float scale = 1.f;  // true weight = stored * scale
+  const uint8_t* block_scales = nullptr;  // NvFp4 only
 };
 
 // A 16-bit activation operand of the fast precision: fp16 values [rows, k] = true values / scale /
@@ -131,8 +135,8 @@ void launch_swiglu(const float* gate_up, float* out, int rows, int inter, cudaSt
                    f16* out16 = nullptr, float* row_scale = nullptr);
 
 // Activations stay fp32 between ops; products accumulate in fp32.
-// gemv.cu: out [rows, n] fp32 = x [rows, k] fp32 @ w [n, k]^T (bf16 or scaled fp16 weights),
-// rows <= kGemvMaxRows.
+// gemv.cu: out [rows, n] fp32 = x [rows, k] fp32 @ w [n, k]^T (bf16, scaled fp16 or NVFP4 weights;
+// k a multiple of 8, of 32 for NVFP4: gemv_k_supported), rows <= kGemvMaxRows.
 // Optional fusions, so a decode layer needs no RMSNorm kernel:
 //  - norm: x is the residual stream, normalized on the fly as rmsnorm.cu does, its rows' 1 / rms
 //    taken from the sums of squares its producer left in `partials` [rows, count];
@@ -151,18 +155,21 @@ struct GemvResidual {
 void launch_gemv(const float* x, const WeightView& w, float* out, int rows, int n, int k,
                  cudaStream_t stream, const GemvNorm* norm = nullptr,
                  const GemvResidual* residual = nullptr);
-int gemv_blocks(int rows, int n, int k);  // blocks of one launch: the residual partials per row
-int gemv_warps_per_row(int n, int k);  // the k-split the GEMV uses for this shape (1, 2, 4 or 8)
+// Blocks of one launch (the residual partials per row) and the k-split (1, 2, 4 or 8 warps per
+// output row) for this shape and weight format.
+int gemv_blocks(int rows, int n, int k, WeightFormat format = WeightFormat::Bf16);
+int gemv_warps_per_row(int n, int k, WeightFormat format = WeightFormat::Bf16);
+bool gemv_k_supported(int k, WeightFormat format);
 int gemv_features_per_warp(int rows);  // output features per warp pass: 1 at one row, 4 at 2-8
 // gemv.cu, SwiGLU epilogue: out [rows, inter] = silu(x @ gate^T) * (x @ up^T) for the fused
 // w_gate_up [2 * inter, k] (gate rows first), each product summed exactly as launch_gemv would.
 // `out` must not alias `x`. Only where gemv_swiglu_supported (block-aligned gate/up pairs).
-bool gemv_swiglu_supported(int rows, int inter, int k);
+bool gemv_swiglu_supported(int rows, int inter, int k, WeightFormat format = WeightFormat::Bf16);
 // gemv.cu, rope epilogue: the fused qkv product [rows, (heads + 2 kv_heads) * hd] of the normalized
 // residual (`norm` required) is not written; each block computes dim pairs (i, i + hd/2) of its
 // heads and stores them as launch_rope_kv_write would (rope.cuh), each product summed exactly as
 // launch_gemv would. Only where gemv_rope_supported (block-aligned pairs, <= 4 rows).
-bool gemv_rope_supported(int rows, int n, int k);
+bool gemv_rope_supported(int rows, int n, int k, WeightFormat format = WeightFormat::Bf16);
 void launch_gemv_rope(const float* x, const WeightView& w_qkv, int rows, int n, int k,
                       cudaStream_t stream, const GemvNorm& norm, const RopeTarget& rope);
 void launch_gemv_swiglu(const float* x, const WeightView& w_gate_up, float* out, int rows,
@@ -174,6 +181,8 @@ void launch_gemv_swiglu(const float* x, const WeightView& w_gate_up, float* out,
 //    of scratch), two products, so the activations keep ~16 bits of mantissa.
 //  - fp16 weights (fast): one product of the fp16 operand, out = (x16 @ w16^T) * x.scale * w.scale
 //    (row_scale, when the operand has one, stays in the output rows for the consumer).
+// Both multiply by w.scale at the end (1 for checkpoint bf16; an NVFP4 weight's global scale once
+// nvfp4.cu has expanded it into 16 bits: gemm_operand_for).
 struct GemmWork {
   bf16* split = nullptr;  // [2 * rows, k] for the exact product
   void* workspace = nullptr;
@@ -185,6 +194,12 @@ void launch_gemm_fast(const Fp16Operand& x, const WeightView& w, float* out, int
                       const GemmWork& work, cudaStream_t stream);
 bool cublaslt_available();      // tries to load libcublasLt once
 const char* gemm_backend_name();
+
+// nvfp4.cu: an NVFP4 weight [n, k] expanded for the tensor-core product: out[i] = e2m1 * e4m3 as
+// fp16 (to_fp16) or bf16, exact either way; the returned view carries the global scale (w.scale)
+// for the product to apply in fp32. `out` holds n * k 16-bit values.
+WeightView launch_nvfp4_expand(const WeightView& w, int n, int k, void* out, bool to_fp16,
+                               cudaStream_t stream);
 
 // convert.cu: hi = bf16(x), lo = bf16(x - hi) (the two operands of an fp32 activation).
 void launch_split_bf16(const float* x, bf16* hi, bf16* lo, int64_t count, cudaStream_t stream);

@@ -22,6 +22,9 @@ struct ModelConfig {
   int rope_original_max_positions = 8192;
   bool tied_embeddings = false, qkv_bias = false, qk_norm = false;
   Precision precision = Precision::Fast;
+  // The layer projections (q/k/v, o, gate/up, down) are NVFP4 (weight-only: codes and scales stay
+  // packed on the GPU); the embedding, lm_head and norms stay 16-bit.
+  bool nvfp4 = false;
 };
 
 struct CacheConfig {

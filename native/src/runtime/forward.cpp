@@ -76,11 +76,11 @@ Model::Activation Model::project_normed(const Pass& pass, Residual& res, const b
   const int inter = proj.n / 2;  // swiglu: gate rows then up rows
   if (path == RowPath::GemvFused) {
     const GemvNorm norm{norm_weight, norm_parts_ + (size_t)row0 * res.norm_count, res.norm_count, eps};
-    if (rope && !rope->bias && !rope->q_norm && gemv_rope_supported(rows, proj.n, proj.k)) {
+    if (rope && !rope->bias && !rope->q_norm && gemv_rope_supported(rows, proj.n, proj.k, proj.w.format)) {
       launch_gemv_rope(x, proj.w, rows, proj.n, proj.k, stream_, norm, rope->target);
       return {};
     }
-    if (swiglu && gemv_swiglu_supported(rows, inter, proj.k)) {
+    if (swiglu && gemv_swiglu_supported(rows, inter, proj.k, proj.w.format)) {
       launch_gemv_swiglu(x, proj.w, gate_up_, rows, inter, proj.k, stream_, &norm);
       return Activation{gate_up_, {}};
     }
@@ -94,16 +94,16 @@ Model::Activation Model::project_normed(const Pass& pass, Residual& res, const b
                             stream_, delta_scale, fp16_operand ? op16_ : nullptr, norm_scale);
     if (row0 == 0 && rows == pass.T) res.delta = nullptr, res.delta_row_scale = nullptr;
     if (path == RowPath::Gemv) {
-      if (swiglu && gemv_swiglu_supported(rows, inter, proj.k)) {
+      if (swiglu && gemv_swiglu_supported(rows, inter, proj.k, proj.w.format)) {
         launch_gemv_swiglu(xn_, proj.w, gate_up_, rows, inter, proj.k, stream_);
         return Activation{gate_up_, {}};
       }
       launch_gemv(xn_, proj.w, out, rows, proj.n, proj.k, stream_);
     } else if (pass.fast) {
-      launch_gemm_fast(Fp16Operand{op16_, norm_scale, nullptr}, proj.w, out, rows, proj.n, proj.k,
-                       pass.gemm, stream_);
+      launch_gemm_fast(Fp16Operand{op16_, norm_scale, nullptr}, gemm_weight(pass, proj), out, rows,
+                       proj.n, proj.k, pass.gemm, stream_);
     } else {
-      launch_gemm_exact(xn_, proj.w, out, rows, proj.n, proj.k, pass.gemm, stream_);
+      launch_gemm_exact(xn_, gemm_weight(pass, proj), out, rows, proj.n, proj.k, pass.gemm, stream_);
     }
   }
   if (swiglu) {
@@ -133,7 +133,7 @@ void Model::project_into_residual(const Pass& pass, Residual& res, const Linear&
     case RowPath::GemvFused: {
       const GemvResidual into{norm_parts_};
       launch_gemv(in.f32, proj.w, resid_, T, proj.n, proj.k, stream_, nullptr, &into);
-      res.norm_count = gemv_blocks(T, proj.n, proj.k);
+      res.norm_count = gemv_blocks(T, proj.n, proj.k, proj.w.format);
       return;
     }
     case RowPath::Gemv:
@@ -148,15 +148,20 @@ void Model::project_into_residual(const Pass& pass, Residual& res, const Linear&
           launch_convert_to_f16(in.f32, op16_, (int64_t)T * proj.k, 1.f, stream_);
           op = Fp16Operand{op16_, 1.f, nullptr};
         }
-        launch_gemm_fast(op, proj.w, delta_, T, proj.n, proj.k, pass.gemm, stream_);
+        launch_gemm_fast(op, gemm_weight(pass, proj), delta_, T, proj.n, proj.k, pass.gemm, stream_);
         res.delta_row_scale = op.row_scale;
       } else {
-        launch_gemm_exact(in.f32, proj.w, delta_, T, proj.n, proj.k, pass.gemm, stream_);
+        launch_gemm_exact(in.f32, gemm_weight(pass, proj), delta_, T, proj.n, proj.k, pass.gemm, stream_);
         res.delta_row_scale = nullptr;
       }
       res.delta = delta_;
       return;
   }
+}
+
+WeightView Model::gemm_weight(const Pass& pass, const Linear& proj) {
+  if (proj.w.format != WeightFormat::NvFp4) return proj.w;
+  return launch_nvfp4_expand(proj.w, proj.n, proj.k, nvfp4_expanded_, pass.fast, stream_);
 }
 
 void Model::attention_block(const Pass& pass, Residual& res, int layer) {

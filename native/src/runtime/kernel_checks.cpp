@@ -108,6 +108,27 @@ void gemv_fused(uintptr_t x, uintptr_t w, uintptr_t out, int rows, int n, int k,
   sync();
 }
 
+static WeightView nvfp4_view(uintptr_t codes, uintptr_t block_scales, float global_scale) {
+  WeightView w;
+  w.data = P<const void>(codes);
+  w.format = WeightFormat::NvFp4;
+  w.scale = global_scale;
+  w.block_scales = P<const uint8_t>(block_scales);
+  return w;
+}
+
+void gemv_nvfp4(uintptr_t x, uintptr_t codes, uintptr_t block_scales, float global_scale,
+                uintptr_t out, int rows, int n, int k) {
+  launch_gemv(P<const float>(x), nvfp4_view(codes, block_scales, global_scale), P<float>(out), rows,
+              n, k, 0);
+  sync();
+}
+
+void nvfp4_expand(uintptr_t codes, uintptr_t block_scales, uintptr_t out, int n, int k, bool fp16) {
+  launch_nvfp4_expand(nvfp4_view(codes, block_scales, 1.f), n, k, P<void>(out), fp16, 0);
+  sync();
+}
+
 bool gemv_swiglu(uintptr_t x, uintptr_t w_gate_up, uintptr_t out, int rows, int inter, int k) {
   if (!gemv_swiglu_supported(rows, inter, k)) return false;
   launch_gemv_swiglu(P<const float>(x), view(w_gate_up, false, 1.f), P<float>(out), rows, inter, k, 0);

@@ -42,6 +42,11 @@ void decode_attention_launch(uintptr_t q, uintptr_t k_cache, uintptr_t v_cache,
                              uintptr_t out, int rows, int heads, int kv_heads, int head_dim,
                              int block_size, int max_blocks, float scale, uintptr_t part_ml,
                              uintptr_t part_acc, uintptr_t counters);
+// The GEMV over an NVFP4 weight (codes [n, k/2], block scales [n, k/16], global scale).
+void gemv_nvfp4(uintptr_t x, uintptr_t codes, uintptr_t block_scales, float global_scale,
+                uintptr_t out, int rows, int n, int k);
+// An NVFP4 weight expanded into 16 bits (fp16 or bf16) for the tensor-core product.
+void nvfp4_expand(uintptr_t codes, uintptr_t block_scales, uintptr_t out, int n, int k, bool fp16);
 // False (nothing launched) where the fused gate/up + SwiGLU GEMV does not take the shape.
 bool gemv_swiglu(uintptr_t x, uintptr_t w_gate_up, uintptr_t out, int rows, int inter, int k);
 // The exact product over bf16 weights: path "gemv", "gemm" (cuBLASLt when loadable) or "tiled".

@@ -15,13 +15,27 @@ size_t align_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
 
 }  // namespace
 
-size_t weight_elements(const ModelConfig& c) {
+size_t weight_piece_bytes(size_t bytes) { return align_up(bytes, kWeightAlign); }
+
+size_t projection_bytes(const ModelConfig& c, size_t n, size_t k) {
+  if (c.nvfp4) return weight_piece_bytes(n * k / 2) + weight_piece_bytes(n * k / 16);
+  return weight_piece_bytes(n * k * 2);
+}
+
+size_t weight_bytes(const ModelConfig& c) {
   const size_t H = c.hidden, I = c.intermediate, V = c.vocab, L = c.layers, hd = c.head_dim;
   const size_t q = (size_t)c.heads * hd, kv = (size_t)c.kv_heads * hd, qkv = q + 2 * kv;
-  auto a = [](size_t n) { return align_up(n, 128); };
-  const size_t layer = a(H) + a(qkv * H) + (c.qkv_bias ? a(qkv) : 0) + (c.qk_norm ? 2 * a(hd) : 0) +
-                       a(H * q) + a(H) + a(2 * I * H) + a(H * I);
+  auto a = [](size_t elements) { return weight_piece_bytes(elements * 2); };  // 16-bit pieces
+  const size_t layer = a(H) + projection_bytes(c, qkv, H) + (c.qkv_bias ? a(qkv) : 0) +
+                       (c.qk_norm ? 2 * a(hd) : 0) + projection_bytes(c, H, q) + a(H) +
+                       projection_bytes(c, 2 * I, H) + projection_bytes(c, H, I);
   return a(V * H) + a(H) + (c.tied_embeddings ? 0 : a(V * H)) + L * layer;
+}
+
+size_t largest_projection(const ModelConfig& c) {
+  const size_t H = c.hidden, I = c.intermediate, hd = c.head_dim;
+  const size_t q = (size_t)c.heads * hd, qkv = q + 2 * (size_t)c.kv_heads * hd;
+  return std::max({qkv * H, H * q, 2 * I * H, H * I});
 }
 
 MemoryPlan plan_memory(const ModelConfig& c, const CacheConfig& cache) {
@@ -32,7 +46,9 @@ MemoryPlan plan_memory(const ModelConfig& c, const CacheConfig& cache) {
   MemoryPlan plan;
   const size_t H = c.hidden, I = c.intermediate, V = c.vocab, L = c.layers, hd = c.head_dim;
   const size_t q = (size_t)c.heads * hd, kv = (size_t)c.kv_heads * hd, qkv = q + 2 * kv;
-  plan.weight_bytes = weight_elements(c) * 2;
+  plan.weight_bytes = weight_bytes(c);
+  if (c.nvfp4 && (H % 32 != 0 || I % 32 != 0 || q % 32 != 0))
+    throw std::invalid_argument("NVFP4 projections need hidden, intermediate and query sizes that are multiples of 32");
 
   const size_t C = std::max(cache.chunk_tokens, cache.max_batch), B = cache.max_batch;
   const bool fast = c.precision == Precision::Fast;
@@ -63,6 +79,8 @@ MemoryPlan plan_memory(const ModelConfig& c, const CacheConfig& cache) {
   add("operand_row_scales", C * 4);
   add("attention_counters", B * c.heads * 4);
   add("norm_partials", (size_t)kGemvMaxRows * H * 4);
+  // NVFP4: one projection at a time expanded into 16 bits for the tensor-core product.
+  add("nvfp4_expanded", c.nvfp4 ? largest_projection(c) * 2 : 0);
 
   plan.kv_block_bytes = 2 * L * (size_t)cache.block_size * kv * 2;
   plan.kv_blocks = cache.block_count > 0 ? cache.block_count

@@ -22,8 +22,15 @@ constexpr size_t kLtWorkspaceBytes = size_t(32) << 20;
 // (2026-12-03, tests/cuda/test_memory_plan_cuda.py), rounded up.
 constexpr size_t kRuntimeOverheadBytes = size_t(4) << 20;
 
-// Elements (2 bytes each) of the resident weights, as ModelWeights lays them out.
-size_t weight_elements(const ModelConfig& config);
+// Bytes of the resident weights, as ModelWeights lays them out: each piece 256-byte aligned;
+// a 16-bit matrix n * k * 2 bytes, an NVFP4 projection its codes (n * k / 2) then its block
+// scales (n * k / 16).
+constexpr size_t kWeightAlign = 256;
+size_t weight_piece_bytes(size_t bytes);
+size_t projection_bytes(const ModelConfig& config, size_t n, size_t k);
+size_t weight_bytes(const ModelConfig& config);
+// The largest layer projection (n * k); NVFP4 expands one at a time for the tensor-core product.
+size_t largest_projection(const ModelConfig& config);
 
 struct MemoryPlan {
   size_t weight_bytes = 0;

@@ -142,6 +142,7 @@ void Model::allocate() {
   attn_counters_ = reinterpret_cast<int*>(part("attention_counters"));
   HEARTH_CUDA(cudaMemset(attn_counters_, 0, plan_part(plan, "attention_counters")));
   norm_parts_ = reinterpret_cast<float*>(part("norm_partials"));
+  nvfp4_expanded_ = part("nvfp4_expanded");
   HEARTH_REQUIRE(p == workspace_.as<char>() + plan.workspace_bytes, "workspace layout disagrees with the plan");
 
   HEARTH_CUDA(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
@@ -169,6 +170,20 @@ void Model::load_tensor(Slot slot, int layer, const std::string& path, int64_t f
                  "tensor does not fit its destination (shape differs from the config)");
   if (!loader_) loader_ = std::make_unique<WeightLoader>(stream_);
   loader_->load(dest + elem_offset, path, file_offset, nbytes, dtype, numel);
+}
+
+void Model::load_nvfp4(Slot slot, int layer, const uint8_t* codes, int64_t code_bytes,
+                       const uint8_t* block_scales, int64_t scale_bytes, float global_scale) {
+  Linear& proj = weights_.projection(slot, layer);
+  HEARTH_REQUIRE(proj.w.format == WeightFormat::NvFp4, "load_nvfp4: this model's projections are not NVFP4");
+  HEARTH_REQUIRE(code_bytes == (int64_t)proj.n * proj.k / 2 && scale_bytes == (int64_t)proj.n * proj.k / 16,
+                 "load_nvfp4: codes or block scales do not match the projection's shape");
+  HEARTH_REQUIRE(std::isfinite(global_scale) && global_scale > 0.f, "load_nvfp4: the global scale must be positive");
+  // Host memory the caller owns: synchronous copies (the stream holds no pending work for these).
+  HEARTH_CUDA(cudaMemcpy(const_cast<void*>(proj.w.data), codes, code_bytes, cudaMemcpyHostToDevice));
+  HEARTH_CUDA(cudaMemcpy(const_cast<uint8_t*>(proj.w.block_scales), block_scales, scale_bytes,
+                         cudaMemcpyHostToDevice));
+  proj.w.scale = global_scale;
 }
 
 void Model::finish_load() {

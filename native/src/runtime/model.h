@@ -56,6 +56,10 @@ class Model {
   // its slot at element offset `elem_offset`.
   void load_tensor(Slot slot, int layer, const std::string& path, int64_t file_offset,
                    int64_t nbytes, int dtype, int64_t elem_offset, int64_t numel);
+  // An NVFP4 layer projection (config.nvfp4), whole: codes [n, k/2] and e4m3 block scales
+  // [n, k/16] from host memory, and its fp32 global scale (fused parts already share one).
+  void load_nvfp4(Slot slot, int layer, const uint8_t* codes, int64_t code_bytes,
+                  const uint8_t* block_scales, int64_t scale_bytes, float global_scale);
   // Converts the weights to the resident format, frees the staging buffers, captures the decode
   // graphs (unless HEARTH_CUDA_GRAPHS=0) and synchronizes.
   void finish_load();
@@ -117,6 +121,9 @@ class Model {
   // A projection whose output is added into the residual stream (o, down).
   void project_into_residual(const Pass& pass, Residual& res, const Linear& proj,
                              const Activation& in);
+  // The weight as the tensor-core product takes it: itself, or an NVFP4 weight expanded into
+  // nvfp4_expanded_ (fp16 for fast, bf16 for exact) with its global scale.
+  WeightView gemm_weight(const Pass& pass, const Linear& proj);
 
   void allocate();  // the plan's buffers and the workspace views
 
@@ -153,6 +160,7 @@ class Model {
       *inv_freq_, *xn_, *row_scale_, *norm_parts_;
   bf16* split_;
   f16* op16_;
+  void* nvfp4_expanded_;  // one projection's 16-bit expansion (NVFP4 models only)
   int* attn_counters_;  // decode attention's per (row, head) piece counters, left zero
   int32_t *meta_, *tokens_;
   SampleRow* sample_params_;

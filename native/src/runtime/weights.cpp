@@ -18,8 +18,6 @@ namespace hearth {
 
 namespace {
 
-size_t align128(size_t n) { return (n + 127) / 128 * 128; }
-
 size_t dtype_size(int dtype) {
   switch (dtype) {
     case 0: case 1: return 2;
@@ -28,7 +26,7 @@ size_t dtype_size(int dtype) {
   throw std::invalid_argument("tensor dtype must be bf16 (0), fp16 (1) or fp32 (2)");
 }
 
-Linear linear(const uint16_t* data, int n, int k) {
+Linear linear(const void* data, int n, int k) {
   Linear l;
   l.w.data = data;
   l.n = n;
@@ -39,25 +37,47 @@ Linear linear(const uint16_t* data, int n, int k) {
 }  // namespace
 
 void ModelWeights::allocate(const ModelConfig& c) {
-  buffer = DeviceBuffer(weight_elements(c) * 2, "weights");
+  buffer = DeviceBuffer(weight_bytes(c), "weights");
   const int H = c.hidden, I = c.intermediate, V = c.vocab, hd = c.head_dim;
   const int q = c.heads * hd, qkv = q + 2 * c.kv_heads * hd;
-  uint16_t* w = buffer.as<uint16_t>();
-  auto take = [&](size_t n) { uint16_t* p = w; w += align128(n); return p; };
+  char* w = buffer.as<char>();
+  auto take_bytes = [&](size_t bytes) { char* p = w; w += weight_piece_bytes(bytes); return p; };
+  auto take = [&](size_t elements) { return reinterpret_cast<uint16_t*>(take_bytes(elements * 2)); };
+  // A layer projection in the config's format (memory_plan.cpp's projection_bytes).
+  auto projection = [&](int n, int k) {
+    if (!c.nvfp4) return linear(take((size_t)n * k), n, k);
+    Linear l = linear(take_bytes((size_t)n * k / 2), n, k);
+    l.w.format = WeightFormat::NvFp4;
+    l.w.block_scales = reinterpret_cast<const uint8_t*>(take_bytes((size_t)n * k / 16));
+    return l;
+  };
   embed = linear(take((size_t)V * H), V, H);
   final_norm = reinterpret_cast<const bf16*>(take(H));
   lm_head = c.tied_embeddings ? embed : linear(take((size_t)V * H), V, H);
   layers.assign(c.layers, LayerWeights{});
   for (LayerWeights& lw : layers) {
     lw.attn_norm = reinterpret_cast<const bf16*>(take(H));
-    lw.qkv = linear(take((size_t)qkv * H), qkv, H);
+    lw.qkv = projection(qkv, H);
     lw.bqkv = c.qkv_bias ? reinterpret_cast<const bf16*>(take(qkv)) : nullptr;
     lw.q_norm = c.qk_norm ? reinterpret_cast<const bf16*>(take(hd)) : nullptr;
     lw.k_norm = c.qk_norm ? reinterpret_cast<const bf16*>(take(hd)) : nullptr;
-    lw.o = linear(take((size_t)H * q), H, q);
+    lw.o = projection(H, q);
     lw.mlp_norm = reinterpret_cast<const bf16*>(take(H));
-    lw.gate_up = linear(take((size_t)2 * I * H), 2 * I, H);
-    lw.down = linear(take((size_t)H * I), H, I);
+    lw.gate_up = projection(2 * I, H);
+    lw.down = projection(H, I);
+  }
+  HEARTH_REQUIRE(w == buffer.as<char>() + buffer.bytes(), "weight layout disagrees with the plan");
+}
+
+Linear& ModelWeights::projection(Slot slot, int layer) {
+  HEARTH_REQUIRE(layer >= 0 && layer < (int)layers.size(), "layer index out of range");
+  LayerWeights& lw = layers[layer];
+  switch (slot) {
+    case Slot::Wqkv: return lw.qkv;
+    case Slot::Wo: return lw.o;
+    case Slot::Wgu: return lw.gate_up;
+    case Slot::Wdown: return lw.down;
+    default: throw std::invalid_argument("not a layer projection slot");
   }
 }
 
@@ -66,7 +86,11 @@ uint16_t* ModelWeights::slot(const ModelConfig& c, Slot slot, int layer, int64_t
     *numel = n;
     return const_cast<uint16_t*>(static_cast<const uint16_t*>(p));
   };
-  auto matrix = [&](const Linear& l) { return at(l.w.data, (int64_t)l.n * l.k); };
+  auto matrix = [&](const Linear& l) {
+    HEARTH_REQUIRE(l.w.format != WeightFormat::NvFp4,
+                   "this projection is NVFP4 here: its codes and scales load with load_nvfp4");
+    return at(l.w.data, (int64_t)l.n * l.k);
+  };
   if (slot == Slot::Embed) return matrix(embed);
   if (slot == Slot::FinalNorm) return at(final_norm, c.hidden);
   if (slot == Slot::LmHead) {
@@ -102,7 +126,8 @@ void ModelWeights::finish(const ModelConfig& c, cudaStream_t stream) {
   if (!c.tied_embeddings) projections.push_back(&lm_head);
   norms.push_back(final_norm);
   for (LayerWeights& lw : layers) {
-    for (Linear* l : {&lw.qkv, &lw.o, &lw.gate_up, &lw.down}) projections.push_back(l);
+    for (Linear* l : {&lw.qkv, &lw.o, &lw.gate_up, &lw.down})
+      if (l->w.format != WeightFormat::NvFp4) projections.push_back(l);  // NVFP4 stays packed
     norms.push_back(lw.attn_norm);
     norms.push_back(lw.mlp_norm);
   }

@@ -1,10 +1,11 @@
 // The resident weights: where each checkpoint tensor goes (Slot), the projections as Linear ops
 // over their resident format, and the loader that streams tensors from files into them.
 //
-// A projection (Linear) owns its weight format: the loader writes every tensor as bf16; for the
-// fast precision finish() then turns each projection's weight into fp16 times a power of two (its
-// largest magnitude into [2^14, 2^15)), in place. A new weight format (NVFP4) adds a WeightFormat,
-// its fields in WeightView, its conversion here and its kernels (forward.cpp picks them by format).
+// A projection (Linear) owns its weight format: the loader writes every 16-bit tensor as bf16; for
+// the fast precision finish() then turns each projection's weight into fp16 times a power of two
+// (its largest magnitude into [2^14, 2^15)), in place. NVFP4 projections (config.nvfp4) arrive
+// packed (load_nvfp4: codes, block scales, global scale) and stay so; their kernels are picked by
+// format (gemv.cu reads them directly, nvfp4.cu expands one at a time for the tensor-core product).
 #pragma once
 #include <cuda_runtime.h>
 
@@ -49,8 +50,10 @@ struct ModelWeights {
 
   // Allocates and lays out the tensors of `config` (formats bf16 until finish()).
   void allocate(const ModelConfig& config);
-  // Where `slot` of `layer` lies, and its element count.
+  // Where the 16-bit tensor `slot` of `layer` lies, and its element count.
   uint16_t* slot(const ModelConfig& config, Slot slot, int layer, int64_t* numel);
+  // The layer projection `slot` (Wqkv, Wo, Wgu, Wdown) of `layer`.
+  Linear& projection(Slot slot, int layer);
   // After every tensor landed (stream-ordered): the fast precision's conversion and scales.
   void finish(const ModelConfig& config, cudaStream_t stream);
 };
