@@ -1,4 +1,5 @@
 # The two set-up commands of README.md live here: `make run` and `make test`.
+# `make bundle` builds the double-click app (PyInstaller one-folder) into dist/hearth/.
 # Both create the virtual environment .venv in the repo and install everything into it.
 PYTHON ?= python3
 VENV := .venv
@@ -7,7 +8,7 @@ PIP := $(VENV)/bin/pip
 HEARTH_CUDA_ARCHITECTURES ?= 80;86;89;90
 export HEARTH_CUDA_ARCHITECTURES
 
-.PHONY: install install-test run test clean
+.PHONY: install install-test run test bundle clean
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -29,5 +30,12 @@ run: install
 test: install-test
 	QT_QPA_PLATFORM=offscreen $(VENV)/bin/python -m pytest -q -ra
 
+bundle: install
+	$(PIP) install "pyinstaller==6.22.3"
+	$(VENV)/bin/pyinstaller --noconfirm --log-level WARN --distpath dist --workpath build/pyinstaller packaging/hearth.spec
+	cp resources/hearth.svg dist/hearth/hearth.svg
+	sed -e 's|^Exec=.*|Exec=hearth|' resources/hearth.desktop > dist/hearth/hearth.desktop
+	du -sh dist/hearth
+
 clean:
-	rm -rf build $(VENV)
+	rm -rf build dist $(VENV)

@@ -4,6 +4,8 @@
                                        # and load the small default model first
     python -m app --model ID           # load ID at start
     python -m app --no-model           # start without loading anything
+    python -m app --self-test          # start, load the default model (installing it first), print
+                                       # how long that took, and quit: 0 when it loaded (the bundle test)
 """
 from __future__ import annotations
 
@@ -26,6 +28,8 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--no-model", action="store_true", help="start without loading a model")
     p.add_argument("--backend", default="auto", choices=("auto", "torch", "cuda-native"))
     p.add_argument("--home", help="Hearth's data folder (default: $HEARTH_HOME or the user data folder)")
+    p.add_argument("--self-test", action="store_true",
+                   help="load the default model, print the time from start to loaded, and quit (0: it loaded)")
     return p.parse_args(list(argv))
 
 
@@ -55,7 +59,7 @@ def build(argv: Sequence[str], app: Optional[QApplication] = None, engine_factor
     home.mkdir(parents=True, exist_ok=True)
     store = ChatStore(home / "chats.sqlite3")
     client = EngineClient(engine_factory)
-    start = None if args.no_model else (args.model or "auto")
+    start = None if args.no_model else (args.model or ("smollm2-135m-instruct" if args.self_test else "auto"))
     window = MainWindow(client, store, settings_for(home), start_model=start)
 
     def rescheme(*_):
@@ -66,10 +70,35 @@ def build(argv: Sequence[str], app: Optional[QApplication] = None, engine_factor
     return app, window, client, store
 
 
+def _self_test(app, window, client, t0: float) -> None:
+    """Quit with 0 once the default model is loaded, 1 on the first failure or after 10 minutes."""
+    import time
+    from PySide6.QtCore import QTimer
+
+    def loaded(handle) -> None:
+        print(f"self-test: {handle.id} loaded on {handle.backend} {time.perf_counter() - t0:.1f} s after start",
+              flush=True)
+        app.exit(0)
+
+    def failed(kind: str, message: str) -> None:
+        print(f"self-test: failed ({kind}): {message}", file=sys.stderr, flush=True)
+        app.exit(1)
+    client.loaded.connect(loaded)
+    client.failed.connect(failed)
+    QTimer.singleShot(600_000, lambda: failed("timeout", "the default model did not load in 10 minutes"))
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    logging.basicConfig(level=os.environ.get("HEARTH_LOG", "WARNING"),
-                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    app, window, client, store = build(sys.argv[1:] if argv is None else argv)
+    import time
+    t0 = time.perf_counter()
+    level = os.environ.get("HEARTH_LOG", "WARNING").upper()
+    logging.basicConfig(level=level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    for handler in logging.getLogger().handlers:   # the terminal gets HEARTH_LOG's level; the Logs page
+        handler.setLevel(level)                      # keeps INFO and up whatever it is
+    argv = sys.argv[1:] if argv is None else argv
+    app, window, client, store = build(argv)
+    if parse_args(argv).self_test:
+        _self_test(app, window, client, t0)
     signal.signal(signal.SIGINT, lambda *_: window.close())   # Ctrl+C in a terminal closes cleanly
     window.show()
     try:

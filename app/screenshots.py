@@ -111,6 +111,22 @@ def main(argv=None) -> int:
     win.composer.edit.setFocus()
     grab("chat")
 
+    # regenerate keeps the first reply: ‹ 2 / 2 › under the new one
+    win.side.set_params({"temperature": 0.9, "max_tokens": 80, "seed": 11, "top_k": 40, "top_p": 0.95,
+                         "min_p": 0.05, "repetition_penalty": 1.1})
+    finished.clear()
+    win.regenerate()
+    spin(lambda: finished)
+    win._show_resources()
+    grab("chat-alternatives")
+
+    # logs & diagnostics, and the settings page
+    from .windows.main_window import LOGS, SETTINGS
+    win.show_page(LOGS)
+    grab("logs")
+    win.show_page(SETTINGS)
+    grab("settings")
+
     win.close()
     client.shutdown()
     store.close()

@@ -144,6 +144,10 @@ QFrame#assistantMessage {{ background: transparent; }}
 QLabel#role {{ font-weight: 700; }}
 QFrame#codeBlock {{ background: {t.sunken}; border: 1px solid {t.border}; border-radius: 8px; }}
 QTextEdit#code {{ background: transparent; border: none; padding: 2px 4px; }}
+QTextEdit#code QScrollBar:horizontal {{ background: transparent; height: 10px; margin: 0; }}
+QTextEdit#code QScrollBar::handle:horizontal {{ background: {t.border}; border-radius: 4px; min-width: 30px; }}
+QTextEdit#code QScrollBar::add-line, QTextEdit#code QScrollBar::sub-line {{ width: 0; }}
+QTextEdit#code QScrollBar::add-page, QTextEdit#code QScrollBar::sub-page {{ background: transparent; }}
 QToolButton#messageAction {{ color: {t.muted}; border: none; padding: 2px 6px; border-radius: 5px; }}
 QToolButton#messageAction:hover {{ color: {t.accent}; background: {t.accent_soft}; }}
 QScrollArea {{ border: none; background: transparent; }}

@@ -129,6 +129,7 @@ class EngineWorker(QObject):
     metrics = Signal(str, object)           # chat id, live {"ttft_s", "tokens", "tokens_per_s", "context_used",
     #                                         "context_limit"}
     context_counted = Signal(str, object)   # chat id, {"context_used", "context_limit"} (count_context)
+    diagnosed = Signal(object)              # {"build", "backend", "versions", "home"} (Logs & diagnostics)
     finished = Signal(str, object)          # chat id, stats dict
     # the OpenAI-compatible server and remote endpoints (app/widgets/server_panel.py)
     server_state = Signal(object)           # {"running", "url", "models", "api_key", "error"}
@@ -149,6 +150,8 @@ class EngineWorker(QObject):
         self._sessions: dict[str, tuple] = {}           # chat id -> (sid, model id, system prompt)
         self._contexts: dict[str, int] = {}             # model id -> context length chosen by the user
         self._trims: dict[str, int] = {}                # chat id -> oldest messages its context policy left out
+        self.default_context = 0                        # Settings: 0 = the engine's default
+        self.precision = ""                             # Settings: "" = the engine's default
         self._flush_timer = QTimer(self)                # moves with the worker to its thread
         self._flush_timer.setSingleShot(True)
         self._flush_timer.timeout.connect(self._flush_active)
@@ -192,9 +195,16 @@ class EngineWorker(QObject):
     # ---------------------------------------------------------------- slots (worker thread)
     def _run(self, op: str, key: str, fn) -> None:
         self.started.emit(op, key)
+        logged = op in ("load", "import", "install-default", "quantize", "remove", "unload")
+        if logged:
+            log.info("%s %s: started", op, key)
+        t0 = time.perf_counter()
         try:
             fn()
+            if logged:
+                log.info("%s %s: done in %.1f s", op, key, time.perf_counter() - t0)
         except Exception as exc:  # every failure becomes a signal the window shows
+            log.warning("%s %s: failed: %s", op, key, getattr(exc, "message", None) or exc)
             self._report(exc)
         finally:
             self.done.emit(op, key)
@@ -224,9 +234,70 @@ class EngineWorker(QObject):
                 build = None
             note = plain_backend_note(name, getattr(self.engine, "backend_note", ""), build)
             self.ready.emit(f"{name} ({note})" if note else name)
+            log.info("engine started: %s backend%s", name, f" ({note})" if note else "")
+            self.diagnosed.emit(self._diagnostics(name, getattr(self.engine, "backend_note", ""), build, home))
             self._emit_library()
             self._warm_imports(name)
         self._run("start", backend, go)
+
+    @staticmethod
+    def _diagnostics(backend: str, note: str, build: Optional[dict], home: str) -> dict:
+        import platform
+        import sys
+        build = dict(build or {})
+        versions = [f"Python {sys.version.split()[0]}"]
+        try:
+            from importlib.metadata import version
+            versions.insert(0, f"Hearth {version('hearth')}")
+            versions.append(f"PySide6 {version('PySide6_Essentials')}")
+        except Exception:
+            pass
+        try:
+            import torch
+            versions.append(f"torch {torch.__version__}")
+            if torch.cuda.is_available():
+                build["device_names"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+        except Exception:
+            pass
+        if build.get("cuda_compiled"):
+            try:
+                import ctypes
+                from engine.backends import cuda_native
+                cuda_native._preload_cublaslt()
+                ctypes.CDLL("libcublasLt.so.13")
+                build["cublaslt"] = True
+            except Exception:
+                build["cublaslt"] = False
+        return {"build": build, "backend": f"{backend} ({note})" if note else backend,
+                "versions": ", ".join(versions) + f" on {platform.system()} {platform.machine()}",
+                "home": home or os.environ.get("HEARTH_HOME", "")}
+
+    def resources(self) -> dict:
+        """Memory now (any thread, cheap): free/total where weights live, this process's RAM, and the KV
+        cache fill of each loaded model."""
+        engine = self.engine
+        if engine is None:
+            return {}
+        out = {}
+        try:
+            free, total, where = engine.free_memory()
+            out.update(free_bytes=free, total_bytes=total, device=where)
+        except Exception:
+            log.debug("free_memory", exc_info=True)
+        try:
+            with open("/proc/self/statm") as f:
+                out["process_bytes"] = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+        except (OSError, ValueError, AttributeError):
+            pass
+        fills = []
+        for handle in list(getattr(engine, "loaded_models", lambda: [])()):
+            try:
+                used, capacity = engine.kv_fill(handle.id)
+                fills.append({"model_id": handle.id, "used": used, "capacity": capacity})
+            except Exception:
+                log.debug("kv_fill", exc_info=True)
+        out["kv"] = fills
+        return out
 
     @staticmethod
     def _warm_imports(backend: str) -> None:
@@ -274,7 +345,8 @@ class EngineWorker(QObject):
     @Slot(str)
     def plan_memory(self, key: str) -> None:
         def go():
-            plan = self.engine.memory_plan(key, context_length=self._contexts.get(key))
+            plan = self.engine.memory_plan(key, context_length=self._contexts.get(key) or self.default_context or None,
+                                           **({"precision": self.precision} if self.precision else {}))
             free, total, device = self.engine.free_memory()
             try:
                 fit = plan.fits(free, device)
@@ -286,7 +358,9 @@ class EngineWorker(QObject):
                 "total_bytes": plan.total_bytes, "context_length": getattr(plan, "context_length", None),
                 "free_bytes": free, "device_total_bytes": total, "device": device,
                 "max_context": plan.max_context,
-                "suggested_context": 0 if fit.ok else plan.max_context_for(free),
+                # a tenth kept spare: free memory moves (other programs), and a suggestion that fits
+                # only at this instant would fail at the load a moment later
+                "suggested_context": 0 if fit.ok else plan.max_context_for(int(free * 0.9)),
                 "ok": bool(fit.ok), "message": fit.message})
         self._run("plan", key, go)
 
@@ -350,9 +424,24 @@ class EngineWorker(QObject):
 
     def _load(self, model_id: str) -> None:
         self._load_cancel.clear()
-        handle = self.engine.load_model(model_id, progress=self._progress_callback(),
-                                        cancel=self._load_cancel, context_length=self._contexts.get(model_id))
+        progress = self._progress_callback()
+
+        def logged(event) -> None:
+            if event.stage != getattr(logged, "stage", None):
+                logged.stage = event.stage
+                log.info("load %s: %s%s", model_id, event.stage, f" ({event.detail})" if event.detail else "")
+            progress(event)
+        kwargs = {"context_length": self._contexts.get(model_id) or self.default_context or None}
+        if self.precision:
+            kwargs["precision"] = self.precision
+        handle = self.engine.load_model(model_id, progress=logged, cancel=self._load_cancel, **kwargs)
         self.loaded.emit(handle)
+
+    @Slot(int, str)
+    def set_defaults(self, context: int, precision: str) -> None:
+        """The Settings page: the context length for models without their own, and the precision."""
+        self.default_context = int(context) if context and context > 0 else 0
+        self.precision = precision or ""
 
     @Slot(str)
     def unload(self, model_id: str) -> None:
@@ -736,6 +825,7 @@ class EngineClient(QObject):
     server_request = Signal(object)
     remotes_changed = Signal(object)
     context_counted = Signal(str, object)
+    diagnosed = Signal(object)
 
     # requests, delivered to the worker's slots in its thread (queued)
     _start_engine = Signal(str, str)
@@ -752,11 +842,12 @@ class EngineClient(QObject):
     _generate = Signal(object)
     _release = Signal(str)
     _count_context = Signal(str, str, str, object)
+    _set_defaults = Signal(int, str)
     _shutdown = Signal()
 
     SIGNALS = ("started", "done", "failed", "ready", "progress", "inspected", "memory_planned", "imported",
                "removed", "library_changed", "loaded", "unloaded", "token", "metrics", "finished",
-               "context_counted")
+               "context_counted", "diagnosed")
     SIGNALS = SIGNALS + ("server_state", "server_request", "remotes_changed")
     _start_server = Signal(object)
     _stop_server = Signal()
@@ -784,6 +875,7 @@ class EngineClient(QObject):
                               (self._unload, self.worker.unload), (self._generate, self.worker.generate),
                               (self._release, self.worker.release_chat),
                               (self._count_context, self.worker.count_context),
+                              (self._set_defaults, self.worker.set_defaults),
                               (self._shutdown, self.worker.shutdown)):
             request.connect(slot, q)
         for request, slot in ((self._start_server, self.worker.start_server),
@@ -821,11 +913,13 @@ class EngineClient(QObject):
     def generate(self, request): self._generate.emit(request)
     def release_chat(self, chat_id: str): self._release.emit(chat_id)
 
+    def set_defaults(self, context: int, precision: str): self._set_defaults.emit(int(context), precision)
     def start_server(self, options: dict): self._start_server.emit(dict(options))
     def stop_server(self): self._stop_server.emit()
     def add_remote(self, spec: dict): self._add_remote.emit(dict(spec))
     def remove_remote(self, name: str): self._remove_remote.emit(name)
     def refresh_remotes(self): self._refresh_remotes.emit()
+
     def count_context(self, chat_id: str, model_id: str, system_prompt: str, turns: list):
         self._count_context.emit(chat_id, model_id, system_prompt, list(turns))
 
@@ -833,6 +927,7 @@ class EngineClient(QObject):
     def cancel_load(self): self.worker.cancel_load()
     def stop(self, chat_id: str): self.worker.stop(chat_id)
     def reply_progress(self, chat_id: str): return self.worker.reply_progress(chat_id)
+    def resources(self): return self.worker.resources()
 
     def shutdown(self, timeout_ms: int = 10000) -> None:
         if not self.thread.isRunning():

@@ -88,15 +88,6 @@ def _stop_note(stats) -> str:
             "cancelled": "stopped"}.get(stats.stop_reason, "")
 
 
-def _check_supported(eng, path) -> None:
-    """Refuse an import the engine could never load, before copying anything into the library."""
-    from .errors import UnsupportedArchitecture
-
-    info = eng.inspect(path)
-    if info.plan is None:
-        raise UnsupportedArchitecture(f"{info.plan_error} Nothing was imported.")
-
-
 def cmd_inspect(args) -> int:
     from .checkpoint import inspect
 
@@ -150,7 +141,7 @@ def cmd_models(args) -> int:
         if args.nvfp4 and not str(args.path).lower().endswith(".gguf"):
             raise SystemExit("hearth: --nvfp4 keeps a GGUF at 4 bits; for a folder, import it and then run "
                              "hearth quantize ID --format nvfp4")
-        _check_supported(eng, args.path)
+        eng.check_importable(args.path)   # an architecture Hearth cannot run is refused up front
         bar = ProgressBar()
         if args.nvfp4:
             from .quantize import import_gguf_as_nvfp4

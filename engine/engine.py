@@ -104,6 +104,7 @@ class _LoadedModel:
     lock: threading.RLock = field(default_factory=threading.RLock)
     sessions: set = field(default_factory=set)
     loop: Optional[ModelLoop] = None
+    kv_capacity_tokens: int = 0                      # tokens the KV pool holds (all sessions together)
 
 
 def _available_memory() -> tuple[int, int]:
@@ -325,6 +326,8 @@ class Engine:
         loaded = _LoadedModel(model_id, info, runner, runner.backend_name, context, tokenizer,
                               tokenizer_error, template, template_error)
         loaded.loop = ModelLoop(runner, loaded.lock, self.max_batch, self.decode_priority_burst, self.prefill_chunk)
+        loaded.kv_capacity_tokens = int(getattr(plan, "kv_blocks", 0) or 0) * int(getattr(plan, "kv_block_size", 0) or 0) \
+            or context * max(1, self.resident_sessions)
         with self._lock:
             self._models[model_id] = loaded
         report(ProgressEvent(stages.RESIDENT, total, total, f"resident on {runner.backend_name}"))
@@ -445,6 +448,18 @@ class Engine:
         prompt = request.start_length + len(request.prompt)
         return {"prompt_tokens": prompt, "prompt_done": request.start_length + request.prefilled,
                 "generated_tokens": request.generated, "context_used": request.cached, "context_limit": limit}
+
+    def kv_fill(self, model_id: str) -> tuple[int, int]:
+        """(tokens cached now over all of the model's sessions, tokens its KV pool holds); thread-safe."""
+        loaded = self._model(model_id)
+        used = 0
+        for sid in list(loaded.sessions):
+            session = self._sessions.get(sid)
+            if session is None:
+                continue
+            request = session.request
+            used += request.cached if request is not None and not request.done else len(session.tokens)
+        return used, loaded.kv_capacity_tokens
 
     def session_tokens(self, session_id: str) -> list[int]:
         """The tokens held in the session's KV cache (tests)."""

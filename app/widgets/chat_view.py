@@ -86,6 +86,8 @@ class CodeBlock(QFrame):
         self.view.setSizePolicy(QSizePolicy.Expanding, QSizePolicy.Fixed)
         layout.addWidget(self.view)
         self.code = ""
+        # refit whenever the layout changes the document's size (the style's font arrives at polish)
+        self.view.document().documentLayout().documentSizeChanged.connect(lambda _size: self._fit())
         self.set_code(language, code)
 
     def set_code(self, language: str, code: str) -> None:
@@ -97,10 +99,12 @@ class CodeBlock(QFrame):
         self._fit()
 
     def _fit(self) -> None:
-        lines = max(1, self.code.count("\n") + 1)
-        line = self.view.fontMetrics().lineSpacing()
+        """As tall as the code (no vertical scrolling inside a scrolling chat), plus room for the
+        sideways scroll bar."""
+        doc = self.view.document()
+        doc.setTextWidth(-1)                   # no wrapping: the natural size
         bar = self.view.horizontalScrollBar().sizeHint().height()
-        self.view.setFixedHeight(lines * line + bar + 14)
+        self.view.setFixedHeight(int(doc.size().height()) + bar + 2 * self.view.frameWidth() + 4)
 
 
 class MessageWidget(QFrame):

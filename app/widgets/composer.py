@@ -6,12 +6,21 @@ from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QPlainTextEdit, QPush
 
 
 class ComposerEdit(QPlainTextEdit):
+    """Enter sends (Shift+Enter: new line), or, with ctrl_sends, Ctrl+Enter sends (Enter: new line).
+    Tab always moves the focus on: the composer never traps it."""
     submitted = Signal()
+    ctrl_sends = False
 
     def keyPressEvent(self, event):
-        if event.key() in (Qt.Key_Return, Qt.Key_Enter) and not (event.modifiers() & Qt.ShiftModifier):
-            self.submitted.emit()
-            return
+        if event.key() in (Qt.Key_Return, Qt.Key_Enter):
+            ctrl = bool(event.modifiers() & Qt.ControlModifier)
+            shift = bool(event.modifiers() & Qt.ShiftModifier)
+            if (ctrl if self.ctrl_sends else not shift):
+                self.submitted.emit()
+                return
+            if self.ctrl_sends and not shift:
+                self.insertPlainText("\n")
+                return
         super().keyPressEvent(event)
 
 
@@ -81,6 +90,12 @@ class Composer(QFrame):
         outer.addStretch(1)
         self.editing = False
         self.can_send = False
+
+    def set_send_key(self, send_key: str) -> None:
+        self.edit.ctrl_sends = send_key == "ctrl-enter"
+        self.edit.setPlaceholderText("Message the model…  (Ctrl+Enter to send, Enter for a new line)"
+                                     if self.edit.ctrl_sends else
+                                     "Message the model…  (Enter to send, Shift+Enter for a new line)")
 
     def set_state(self, *, can_send: bool, generating: bool, can_regenerate: bool, can_edit: bool,
                   status: str = "") -> None:

@@ -214,6 +214,7 @@ class Inspector(QWidget):
         self.table.verticalHeader().hide()
         self.table.verticalHeader().setDefaultSectionSize(26)
         h = self.table.horizontalHeader()
+        h.setAccessibleName("Tensor columns (click to sort)")
         h.setSectionResizeMode(0, QHeaderView.Stretch)
         for c in range(1, len(TENSOR_COLUMNS)):
             h.setSectionResizeMode(c, QHeaderView.ResizeToContents)

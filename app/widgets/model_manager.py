@@ -112,6 +112,7 @@ class ModelManager(QWidget):
         self.table.verticalHeader().hide()
         self.table.verticalHeader().setDefaultSectionSize(36)
         header = self.table.horizontalHeader()
+        header.setAccessibleName("Library columns (click to sort)")
         header.setSectionResizeMode(0, QHeaderView.Stretch)
         for c in range(1, len(COLUMNS)):
             header.setSectionResizeMode(c, QHeaderView.ResizeToContents)

@@ -16,7 +16,10 @@ from ..models.chat import ChatState, alternative_position
 from ..models.library import LibraryState, human_bytes
 from ..store import ChatStore
 from ..widgets.banner import Banner
+from ..log_capture import LogCapture
 from ..widgets.chat_view import ChatView
+from ..widgets.diagnostics import Diagnostics
+from ..widgets.preferences import DEFAULTS as PREFERENCE_DEFAULTS, Preferences
 from ..widgets.composer import Composer
 from ..widgets.inspector import Inspector
 from ..widgets.load_progress import LoadProgress
@@ -30,6 +33,8 @@ log = logging.getLogger("hearth.app")
 RESOURCES = Path(__file__).resolve().parents[2] / "resources"
 CHAT, MODELS, INSPECT = 0, 1, 2
 SERVER = 3
+LOGS, SETTINGS = 4, 5
+RESOURCE_POLL_MS = 2000
 
 
 class ElidedLabel(QLabel):
@@ -72,6 +77,8 @@ class MainWindow(QMainWindow):
         self.store = store
         self.settings = settings
         self.start_model = start_model      # None, "auto", or a model id to load once the library is known
+        self.log_capture = LogCapture()       # before the engine starts, so its first lines are kept
+        self.last_announcement = ""
         self.library = LibraryState()
         self.chat = ChatState(store)
         self.backend = ""
@@ -122,8 +129,7 @@ class MainWindow(QMainWindow):
         rl.addSpacing(12)
         self.nav = QButtonGroup(self)
         self.nav.setExclusive(True)
-        for index, (label, tip) in enumerate((("Chat", "Chats"), ("Models", "Model library"),
-                                              ("Inspect", "Checkpoint inspector"))):
+        def rail_button(index: int, label: str, tip: str) -> None:
             b = QToolButton()
             b.setObjectName("railButton")
             b.setText(label)
@@ -133,15 +139,11 @@ class MainWindow(QMainWindow):
             b.setToolButtonStyle(Qt.ToolButtonTextOnly)
             self.nav.addButton(b, index)
             rl.addWidget(b)
-        server_button = QToolButton()          # the server and remote endpoints (server_panel.py)
-        server_button.setObjectName("railButton")
-        server_button.setText("Server")
-        server_button.setToolTip("Local server and remote endpoints")
-        server_button.setAccessibleName("Local server and remote endpoints")
-        server_button.setCheckable(True)
-        server_button.setToolButtonStyle(Qt.ToolButtonTextOnly)
-        self.nav.addButton(server_button, SERVER)
-        rl.addWidget(server_button)
+        for index, label, tip in ((CHAT, "Chat", "Chats"), (MODELS, "Models", "Model library"),
+                                  (INSPECT, "Inspect", "Checkpoint inspector"),
+                                  (SERVER, "Server", "Local server and remote endpoints"),   # server_panel.py
+                                  (LOGS, "Logs", "Logs and diagnostics"), (SETTINGS, "Settings", "Settings")):
+            rail_button(index, label, tip)
         rl.addStretch(1)
         root.addWidget(rail)
 
@@ -192,11 +194,9 @@ class MainWindow(QMainWindow):
         self.settings_toggle.setAccessibleName("Show sampling settings and figures")
         self.settings_toggle.setToolTip("Show or hide the system prompt, sampling and live figures")
         header.addWidget(self.settings_toggle)
-        self.export_button = QToolButton()
-        self.export_button.setText("Export")
+        self.export_button = QPushButton("Export")
         self.export_button.setAccessibleName("Export or import chats")
         self.export_button.setToolTip("Export this chat (Markdown or JSON), export all chats, or import a JSON export")
-        self.export_button.setPopupMode(QToolButton.InstantPopup)
         menu = QMenu(self.export_button)
         menu.addAction("Export this chat as Markdown…", lambda: self.export_chat_dialog("md"))
         menu.addAction("Export this chat as JSON…", lambda: self.export_chat_dialog("json"))
@@ -222,13 +222,18 @@ class MainWindow(QMainWindow):
         self.pages.addWidget(self.inspector)
         self.server_panel = ServerPanel()
         self.pages.addWidget(self.server_panel)
+        self.diagnostics = Diagnostics(self.log_capture)
+        self.pages.addWidget(self.diagnostics)
+        from ..store import hearth_home
+        self.preferences = Preferences(str(hearth_home()))
+        self.pages.addWidget(self.preferences)
         self.setCentralWidget(central)
 
         # Elided, never cut mid-word at the minimum width; the full text is in each tooltip.
         self.backend_label = StatusLabel("Starting engine…")
         self.model_label = StatusLabel("No model loaded")
         self.memory_label = StatusLabel("")
-        for w, stretch in ((self.backend_label, 3), (self.model_label, 2), (self.memory_label, 1)):
+        for w, stretch in ((self.backend_label, 3), (self.model_label, 2), (self.memory_label, 3)):
             self.statusBar().addWidget(w, stretch)
         self.statusBar().setSizeGripEnabled(False)
         self.show_page(CHAT)
@@ -251,6 +256,12 @@ class MainWindow(QMainWindow):
         c.metrics.connect(self._metrics)
         c.finished.connect(self._finished_reply)
         c.context_counted.connect(self._context_counted)
+        c.diagnosed.connect(self.diagnostics.set_info)
+        self.preferences.changed.connect(self._preferences_changed)
+        self._resource_timer = QTimer(self)
+        self._resource_timer.setInterval(RESOURCE_POLL_MS)
+        self._resource_timer.timeout.connect(self._show_resources)
+        self._resource_timer.start()
         c.removed.connect(self._removed)
         self.chat_view.edit_requested.connect(self.begin_edit_message)
         self.chat_view.remove_requested.connect(self._remove_message)
@@ -293,7 +304,8 @@ class MainWindow(QMainWindow):
     def _shortcuts(self) -> None:
         for keys, fn in (("Ctrl+N", self.new_chat), ("Esc", self._escape), ("Ctrl+.", self.stop),
                          ("Ctrl+L", self.focus_composer), ("Ctrl+1", lambda: self.show_page(CHAT)),
-                         ("Ctrl+2", lambda: self.show_page(MODELS)), ("Ctrl+3", lambda: self.show_page(INSPECT))):
+                         ("Ctrl+2", lambda: self.show_page(MODELS)), ("Ctrl+3", lambda: self.show_page(INSPECT)),
+                         ("Ctrl+4", lambda: self.show_page(LOGS)), ("Ctrl+,", lambda: self.show_page(SETTINGS))):
             QShortcut(QKeySequence(keys), self, fn)
 
     def _restore(self) -> None:
@@ -309,6 +321,13 @@ class MainWindow(QMainWindow):
         self.default_params = {**DEFAULT_PARAMS, **params}
         self.default_system_prompt = self.settings.value("chat/system_prompt", "") or ""
         self.side.set_params(self.default_params)
+        try:
+            prefs = json.loads(self.settings.value("app/preferences", "") or "{}")
+        except ValueError:
+            prefs = {}
+        self.prefs = {**PREFERENCE_DEFAULTS, **prefs}
+        self.preferences.set_values(self.prefs)
+        self._apply_preferences(self.prefs, startup=True)
 
     # ------------------------------------------------------------------ pages
     def show_page(self, index: int) -> None:
@@ -510,6 +529,10 @@ class MainWindow(QMainWindow):
             widget.show_waiting("Thinking…")
 
     def _finished_reply(self, chat_id: str, stats: dict) -> None:
+        message = self.chat.streams.get(chat_id)
+        if message is not None and self.chat.chat is not None and self.chat.chat.id == chat_id:
+            preview = " ".join(message.content.split())[:160]
+            self.announce(f"New reply: {preview}" if preview else "The reply ended empty.")
         if chat_id in self.chat.streams:
             self.chat.finish(stats, chat_id)
             if not (self.chat.chat is not None and self.chat.chat.id == chat_id):
@@ -521,6 +544,13 @@ class MainWindow(QMainWindow):
     # ------------------------------------------------------------------ model actions
     def load_model(self, model_id: str) -> None:
         if self.client.busy.get("load"):
+            return
+        plan = self.manager.plans.get(model_id)
+        if plan is not None and not plan.get("ok"):
+            # Warn before a load that would not fit, with the plan's advice (the engine would refuse it)
+            advice = (f" A context of {plan['suggested_context']:,} tokens fits: choose it on the Models page."
+                      if plan.get("suggested_context") else " Unload another model or choose a smaller one.")
+            self.banner.show_error("out-of-memory", f"{plan.get('message') or 'It does not fit.'}{advice}")
             return
         row = self.library.row(model_id)
         self.load_progress.begin(f"Loading {row.name if row else Path(model_id).name}")   # at once, not on reply
@@ -817,6 +847,63 @@ class MainWindow(QMainWindow):
         self.default_system_prompt = text
         self.settings.setValue("chat/system_prompt", text)
 
+    # ------------------------------------------------------------------ settings page, resources
+    def _preferences_changed(self, prefs: dict) -> None:
+        self.prefs = dict(prefs)
+        self.settings.setValue("app/preferences", json.dumps(self.prefs))
+        self._apply_preferences(self.prefs)
+
+    def _apply_preferences(self, prefs: dict, startup: bool = False) -> None:
+        import os
+        self.composer.set_send_key(prefs.get("send_key", "enter"))
+        self.client.set_defaults(int(prefs.get("context") or 0), prefs.get("precision") or "")
+        self.manager.plans.clear()
+        if not startup and self.manager.selected_id():
+            self.client.plan_memory(self.manager.selected_id())
+        wanted = prefs.get("theme", "system")
+        if startup and (os.environ.get("HEARTH_THEME") or wanted == "system"):
+            return            # HEARTH_THEME, when set, wins over the saved choice at start
+        if wanted == "system":
+            os.environ.pop("HEARTH_THEME", None)
+        else:
+            os.environ["HEARTH_THEME"] = wanted
+        from PySide6.QtWidgets import QApplication
+        from .. import theme
+        app = QApplication.instance()
+        if app is not None:
+            theme.apply(app)
+            self.apply_theme()
+
+    def _show_resources(self) -> None:
+        """The status bar's memory part: free where the weights live, this process, the KV cache fill."""
+        r = self.client.resources()
+        if not r:
+            return
+        parts = []
+        if r.get("total_bytes"):
+            used = r["total_bytes"] - r.get("free_bytes", 0)
+            parts.append(f"{r.get('device', '')} {human_bytes(used)} used, {human_bytes(r.get('free_bytes'))} free")
+        if r.get("process_bytes") and r.get("device") == "RAM":
+            parts.append(f"Hearth {human_bytes(r['process_bytes'])}")
+        for fill in r.get("kv", []):
+            if fill["capacity"]:
+                share = 100 * fill["used"] / fill["capacity"]
+                row = self.library.row(fill["model_id"])
+                name = row.name if row and len(r["kv"]) > 1 else ""
+                parts.append(f"KV{' ' + name if name else ''} {fill['used']:,} / {fill['capacity']:,} tokens "
+                             f"({share:.0f}%)")
+        self.memory_label.setText("  ·  ".join(parts))
+        self.resources_shown = r
+
+    def announce(self, text: str) -> None:
+        """Tell screen readers (a new reply arrived), without moving the focus."""
+        from PySide6.QtGui import QAccessible, QAccessibleAnnouncementEvent
+        self.last_announcement = text
+        try:
+            QAccessible.updateAccessibility(QAccessibleAnnouncementEvent(self.chat_view, text))
+        except Exception:   # no accessibility backend (offscreen): the text is still kept
+            log.debug("announce", exc_info=True)
+
     # ------------------------------------------------------------------ theme, close
     def resizeEvent(self, event) -> None:
         super().resizeEvent(event)
@@ -829,6 +916,8 @@ class MainWindow(QMainWindow):
         self.chat_view.rerender()
 
     def closeEvent(self, event) -> None:
+        self._resource_timer.stop()
+        self.log_capture.close()
         for chat_id, message in list(self.chat.streams.items()):
             self.chat.flush(chat_id)
             self.chat.finish({"stop_reason": "cancelled", **(message.stats or {})}, chat_id)

@@ -197,6 +197,34 @@ def test_a_failed_reply_can_be_removed_and_context_is_shown_while_streaming(qtbo
     assert all(m.state != ERROR for m in store.messages(win.chat.chat.id))
     assert len(win.chat_view.widgets) == len(store.messages(win.chat.chat.id))
 
+    # a reopened chat whose last reply was cut off (no stats) still shows its context use
+    chat_id = win.chat.chat.id
+    store.add_message(chat_id, "assistant", "A reply cut off by a crash", state="stopped", model_id=DEFAULT)
+    win.new_chat()
+    win.side.clear_figures()
+    with qtbot.waitSignal(client.context_counted, timeout=60_000):
+        win.open_chat(chat_id)
+    assert "/ 256 tokens" in win.side.context_label.text()
+
+
+def test_first_start_banner_goes_once_loaded_and_a_long_prompt_shows_its_reading(qtbot, make_app, tmp_path_factory):
+    home = tmp_path_factory.mktemp("hearth-app-first")
+    win, client, store = make_app(home, "--model", "auto")
+    with qtbot.waitSignal(client.loaded, timeout=SLOW):
+        started(qtbot, client)
+    assert not win.banner.isVisible() or win.banner.title.text() != "Default model installed"
+    win.show_page(CHAT)
+    win.new_chat()
+    win.side.set_params({"temperature": 0.0, "max_tokens": 2})
+    finished = []
+    client.finished.connect(lambda chat_id, stats: finished.append(stats))
+    win.send("Summarize: " + "The lighthouse keeper wrote in his log every evening. " * 300)   # ~3,300 tokens
+    widget = win.chat_view.widgets[-1]
+    qtbot.waitUntil(lambda: widget.waiting_text.startswith("Reading your message"), timeout=SLOW)
+    assert "tokens…" in widget.waiting_text and " of 3," in widget.waiting_text
+    qtbot.waitUntil(lambda: bool(finished), timeout=SLOW)
+    assert finished[0]["prompt_tokens"] > 3000
+
 
 def test_library_labels_inspector_and_status_after_import_and_load(qtbot, make_app, tmp_path_factory, default_gguf,
                                                                     synth, tmp_path):
@@ -405,3 +433,104 @@ def test_two_chats_reply_at_once_equal_to_each_alone_and_two_models_resident(qtb
     assert win.chat_view.widgets[1].role.text() != win.chat_view.widgets[3].role.text()
     win.open_chat(b)
     assert win.current_model_id() == DEFAULT       # the other chat still names its own model
+
+
+def test_logs_diagnostics_resources_settings_and_accessibility(qtbot, make_app, tmp_path_factory, tmp_path, synth):
+    from PySide6.QtWidgets import (QAbstractButton, QAbstractItemView, QAbstractSpinBox, QApplication, QComboBox,
+                                   QLineEdit, QPlainTextEdit, QTextEdit)
+    from app import theme
+    from app.windows.main_window import LOGS, SETTINGS
+
+    home = tmp_path_factory.mktemp("hearth-app-diag")
+    from engine.default_model import install_default_model
+    from engine.library import ModelLibrary
+    install_default_model(ModelLibrary(home))
+    win, client, store = make_app(home)
+    with qtbot.waitSignal(client.diagnosed, timeout=60_000):
+        started(qtbot, client)
+
+    # Settings: a default context length for the next load, and Ctrl+Enter to send
+    win.show_page(SETTINGS)
+    win.preferences.context.setValue(1024)
+    win.preferences.send_key.setCurrentIndex(win.preferences.send_key.findData("ctrl-enter"))
+    assert json.loads(win.settings.value("app/preferences"))["context"] == 1024
+    from PySide6.QtWidgets import QLabel
+    telemetry = next(l for l in win.preferences.findChildren(QLabel) if l.accessibleName() == "Telemetry")
+    assert telemetry.text().startswith("None.") and "sends nothing" in telemetry.text()
+
+    # the log shows the load's lines, stage by stage; the resources show the KV cache and the memory
+    with qtbot.waitSignal(client.done, timeout=SLOW, check_params_cb=lambda op, key: op == "load"):
+        win.load_model(DEFAULT)
+    assert client.worker.engine.context_limit(DEFAULT) == 1024
+    win.show_page(LOGS)
+    qtbot.waitUntil(lambda: "done in" in win.diagnostics.log.toPlainText(), timeout=10_000)
+    text = win.diagnostics.log.toPlainText()
+    assert f"load {DEFAULT}: started" in text and f"load {DEFAULT}: loading weights" in text
+    assert f"load {DEFAULT}: done in" in text and "INFO" in text
+    win.diagnostics.level.setCurrentIndex(win.diagnostics.level.findData("WARNING"))
+    assert f"load {DEFAULT}: started" not in win.diagnostics.log.toPlainText()
+    saved = tmp_path / "hearth.log"
+    win.diagnostics.save_log(str(saved))
+    assert f"load {DEFAULT}: resident" in saved.read_text()
+    win.diagnostics.copy_diagnostics_button.click()
+    report = QGuiApplication.clipboard().text()
+    assert "build_info:" in report and "cuda_compiled=" in report and f"load {DEFAULT}" in report
+    gpu = win.diagnostics.fields["gpu"].text()
+    assert "insufficient" not in gpu and ("no NVIDIA GPU" in gpu or "no GPU support" in gpu or "driver" in gpu)
+
+    win.show_page(CHAT)
+    win.new_chat()
+    qtbot.keyClicks(win.composer.edit, "Say hi.")
+    qtbot.keyClick(win.composer.edit, Qt.Key_Return)              # Enter is a new line now
+    assert win.composer.edit.toPlainText() == "Say hi.\n" and win.chat.streaming is None
+    win.side.set_params({"temperature": 0.0, "max_tokens": 6})
+    with qtbot.waitSignal(client.finished, timeout=SLOW):
+        qtbot.keyClick(win.composer.edit, Qt.Key_Return, Qt.ControlModifier)
+    assert win.last_announcement.startswith("New reply:")            # announced to screen readers
+    win._show_resources()
+    kv = win.resources_shown["kv"]
+    assert kv and kv[0]["used"] > 0 and kv[0]["capacity"] >= 1024
+    assert "KV" in win.memory_label.text() and "free" in win.memory_label.text()
+
+    # a load that would not fit is warned about, with the plan's advice, and not started
+    with qtbot.waitSignal(client.imported, timeout=SLOW) as imported:
+        win.manager.import_requested.emit(str(synth("tiny", tokenizer=True, max_position_embeddings=2**30)))
+    huge = imported.args[0].id
+    win.show_page(MODELS)
+    qtbot.waitUntil(lambda: win.library.row(huge) is not None, timeout=10_000)
+    win.manager.select(huge)
+    qtbot.waitUntil(lambda: huge in win.manager.plans, timeout=60_000)
+    with qtbot.waitSignal(client.memory_planned, timeout=60_000, check_params_cb=lambda key, plan: not plan["ok"]):
+        win.manager.context_box.setValue(win.manager.context_box.maximum())
+    loads = []
+    client.started.connect(lambda op, key: loads.append(key) if op == "load" else None)
+    win.load_model(huge)
+    qtbot.wait(100)
+    assert win.banner.kind == "out-of-memory" and "tokens fits" in win.banner.message.text() and loads == []
+
+    # the theme follows the setting
+    win.show_page(SETTINGS)
+    win.preferences.theme.setCurrentIndex(win.preferences.theme.findData("dark"))
+    assert theme.current().dark
+    win.preferences.theme.setCurrentIndex(win.preferences.theme.findData("light"))
+    assert not theme.current().dark
+
+    # every control on every page has an accessible name
+    nameless = []
+    for page in range(win.pages.count()):
+        win.show_page(page)
+        for kind in (QAbstractButton, QLineEdit, QPlainTextEdit, QTextEdit, QComboBox, QAbstractSpinBox,
+                     QAbstractItemView):
+            for w in win.findChildren(kind):
+                if w.objectName().startswith("qt_"):    # a spin box's or a scroll area's own parts
+                    continue
+                if w.isVisible() and not w.accessibleName() and not (isinstance(w, QAbstractButton) and w.text()):
+                    nameless.append(f"{type(w).__name__} {w.objectName()} on page {page}")
+    assert nameless == [], nameless
+
+    # Tab never stays in the composer
+    win.show_page(CHAT)
+    win.composer.edit.setFocus()
+    qtbot.waitUntil(lambda: QApplication.focusWidget() is win.composer.edit, timeout=5000)
+    qtbot.keyClick(win.composer.edit, Qt.Key_Tab)
+    assert QApplication.focusWidget() is not win.composer.edit
