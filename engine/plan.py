@@ -245,8 +245,11 @@ class TensorParallelPlan:
     def of(cls, plan: MemoryPlan, decoder: DecoderConfig, ways: int, tied_embeddings: bool) -> "TensorParallelPlan":
         from dataclasses import replace
 
-        from .tensor_parallel import ShardLayout
+        from .tensor_parallel import ShardLayout, check_shardable
 
+        check_shardable(decoder, ways)
+        if ways == 1:
+            return cls(1, (plan,))      # no split: the single-GPU plan itself
         whole = sum(ShardLayout(decoder, 1, 0).elements(tied_embeddings).values())
         per_element = plan.weight_bytes / whole
         d, n = decoder, ways

@@ -246,6 +246,7 @@ def test_advice_picks_the_smallest_split_that_fits():
     # the freest GPUs are chosen, rank 0 (which also samples) on the freest of all
     assert smallest_split(plan, d, [GiB, room(two), room(two) + GiB, GiB], tied).gpus == (2, 1)
     assert smallest_split(plan, d, [plan.total_bytes + plan.reserve_bytes], tied).ways == 1
+    assert plan.split(d, 1, tied).ranks == (plan,)
     nothing = smallest_split(plan, d, [10 * GiB] * 8, tied)
     assert nothing.ways == 0 and "splits over 2, 4, 8 GPUs" in nothing.message
 
