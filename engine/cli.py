@@ -1,7 +1,8 @@
 """`hearth`: the command line.
 
     hearth [app] [--model ID]      open the desktop app
-    hearth inspect PATH [--json] [--plan [--context N] [--sessions N] [--precision fast|exact]]
+    hearth inspect PATH [--json] [--plan [--context N] [--sessions N] [--precision fast|exact]
+                                        [--gpus N] [--gpu-free GiB,GiB,...]]
     hearth models list [--json] | import PATH [--nvfp4] | remove ID | default
     hearth generate MODEL --prompt TEXT [--chat] [--context N] [--max-tokens N] [--temperature T] [--seed S] [--json]
     hearth chat MODEL [--context N] [--system TEXT]   (saved as a chat the app shows)
@@ -74,6 +75,48 @@ def _print_plan(args) -> None:
     if plan.reserve_bytes:
         print(f"    {'kept free for other programs':<44} {_size(plan.reserve_bytes):>10}")
     print(f"  fit              {plan.fits(free, where).message}")
+    if getattr(args, "gpus", None) or getattr(args, "gpu_free", None):
+        _print_split(args, eng, plan)
+
+
+def _visible_gpus_free() -> Optional[list]:
+    """Free bytes on each visible GPU, or None when torch sees none."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    if not torch.cuda.is_available():
+        return None
+    return [torch.cuda.mem_get_info(i)[0] for i in range(torch.cuda.device_count())]
+
+
+def _print_split(args, eng, plan) -> None:
+    """Tensor parallel (docs/TENSOR_PARALLEL.md): each GPU's share of the load (--gpus N), and the
+    fewest GPUs it fits on, against --gpu-free or the GPUs visible now."""
+    from .plan import GiB, smallest_split
+    from .tensor_parallel import TensorParallelUnsupported
+
+    info = eng.inspect(args.path)
+    d, tied = info.decoder, info.catalog.tied
+    free = ([int(float(x) * GiB) for x in args.gpu_free.split(",")] if args.gpu_free else _visible_gpus_free())
+    if args.gpus and args.gpus > 1:
+        try:
+            split = plan.split(d, args.gpus, tied)
+        except TensorParallelUnsupported as e:
+            print(f"  split            {e.message}")
+        else:
+            print(f"  split over {args.gpus:<5} {'weights':>10} {'KV cache':>10} {'workspace':>10} "
+                  f"{'runtime':>10} {'total':>10}   (runtime includes NCCL, estimated)")
+            for r, p in enumerate(split.ranks):
+                print(f"    GPU {r:<{11}} {_size(p.weight_bytes):>10} {_size(p.kv_bytes):>10} "
+                      f"{_size(p.workspace_bytes):>10} {_size(p.runtime_bytes):>10} {_size(p.total_bytes):>10}"
+                      + ("   samples" if r == 0 else ""))
+            if free:
+                print(f"  split fit        {split.fits(free).message}")
+    if free:
+        print(f"  GPUs needed      {smallest_split(plan, d, free, tied).message}")
+    elif args.gpus:
+        print("  GPUs needed      no GPU is visible; pass --gpu-free GiB,GiB,... to check a split")
 
 
 def _dtypes(counts: dict) -> str:
@@ -323,6 +366,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sessions", type=int, default=None, help="full-length sessions kept resident (--plan)")
     p.add_argument("--precision", default=None, choices=["fast", "exact"])
     p.add_argument("--backend", default="auto", choices=["auto", "torch", "cuda-native"])
+    p.add_argument("--gpus", type=int, default=None, help="--plan split over this many GPUs (tensor parallel)")
+    p.add_argument("--gpu-free", default=None, metavar="GiB,GiB,...",
+                   help="free memory of each GPU for --plan's split advice (default: the GPUs visible now)")
     p.set_defaults(func=cmd_inspect)
 
     p = sub.add_parser("models", help="the model library")

@@ -6,6 +6,7 @@ names what is missing.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 
 from .catalog import TensorCatalog
@@ -201,11 +202,141 @@ class MemoryPlan:
                         f"quantized model, or free {where} memory.")
         return FitReport(False, message)
 
+    def split(self, decoder: DecoderConfig, ways: int, tied_embeddings: bool = False) -> "TensorParallelPlan":
+        """This load split N ways by tensor parallel (engine/tensor_parallel.py): each GPU's plan."""
+        return TensorParallelPlan.of(self, decoder, ways, tied_embeddings)
+
     def to_dict(self) -> dict:
         d = asdict(self)
         d["workspace_parts"] = [list(p) for p in self.workspace_parts]
         return {**d, "kv_blocks": self.kv_blocks, "kv_bytes": self.kv_bytes, "total_bytes": self.total_bytes,
                 "breakdown": self.breakdown()}
+
+
+# ----------------------------------------------------------------------------- tensor parallel
+# NCCL's own device memory on each rank (its channels' buffers: NCCL_BUFFSIZE, 4 MiB by default, per
+# channel and peer, plus the communicator). An estimate until the native side measures it.
+NCCL_RUNTIME_ESTIMATE = 256 * 1024 * 1024
+
+# How each native workspace part (native/src/runtime/memory_plan.cpp) changes on one rank of N:
+# "shard" parts hold only this rank's heads or feed-forward columns (1/N); "width" parts are sized by
+# max(hidden, q, intermediate), of which q and intermediate shrink; the sampler lives on rank 0 only.
+# Everything else (residual and delta rows, the gathered logits, rope, step metadata, cuBLASLt) is whole
+# on every rank. These are estimates until native/ plans a rank itself.
+_SHARDED_PARTS = {"qkv", "queries", "gate_up", "attention_partials_ml", "attention_partials_acc",
+                  "attention_counters", "nvfp4_expanded"}
+_WIDTH_PARTS = {"activations", "operand_split", "operand_fp16"}
+
+
+def _align(n: float, to: int = 256) -> int:
+    return -(-int(math.ceil(n)) // to) * to
+
+
+@dataclass(frozen=True)
+class TensorParallelPlan:
+    """Per GPU what an N-way split keeps: rank r's MemoryPlan is `ranks[r]` (rank 0 also samples).
+    Weights: this rank's shard (q/k/v, gate/up by output rows, o/down by input columns, a vocabulary
+    slice of the embedding and lm_head, the norms replicated) at the single-GPU plan's bytes per
+    element. KV cache: this rank's KV heads, 1/N. Workspace: the single-GPU parts rescaled (above)."""
+    ways: int
+    ranks: tuple
+
+    @classmethod
+    def of(cls, plan: MemoryPlan, decoder: DecoderConfig, ways: int, tied_embeddings: bool) -> "TensorParallelPlan":
+        from dataclasses import replace
+
+        from .tensor_parallel import ShardLayout, check_shardable
+
+        check_shardable(decoder, ways)
+        if ways == 1:
+            return cls(1, (plan,))      # no split: the single-GPU plan itself
+        whole = sum(ShardLayout(decoder, 1, 0).elements(tied_embeddings).values())
+        per_element = plan.weight_bytes / whole
+        d, n = decoder, ways
+        q = d.num_heads * d.head_dim
+        width = max(d.hidden_size, q // n, d.intermediate_size // n) / max(d.hidden_size, q, d.intermediate_size)
+        ranks = []
+        for rank in range(ways):
+            layout = ShardLayout(decoder, ways, rank)
+            weights = int(math.ceil(sum(layout.elements(tied_embeddings).values()) * per_element))
+            if plan.workspace_parts:
+                parts = []
+                for name, size in plan.workspace_parts:
+                    if name in _SHARDED_PARTS:
+                        size = _align(size / n)
+                    elif name in _WIDTH_PARTS:
+                        size = _align(size * width)
+                    elif name == "sampler" and rank > 0:
+                        size = 0
+                    parts.append((name, size))
+                logits = dict(plan.workspace_parts).get("logits", 0)     # each rank's slice, before the gather
+                parts.append(("logits_slice", _align(logits * layout.vocab_rows_per_rank / d.vocab_size)))
+                parts = tuple(sorted(parts, key=lambda kv: -kv[1]))
+                workspace = sum(size for _, size in parts)
+            else:       # the torch estimate's terms (MemoryPlan.for_model): logits whole plus the slice
+                rows = plan.workspace_bytes // (4 * (d.vocab_size + 8 * d.intermediate_size + 8 * d.hidden_size))
+                workspace = rows * 4 * (d.vocab_size + layout.vocab_rows_per_rank + 8 * d.intermediate_size // n
+                                        + 8 * d.hidden_size)
+                parts = ()
+            ranks.append(replace(plan, weight_bytes=weights, kv_bytes_per_token=plan.kv_bytes_per_token // n,
+                                 workspace_bytes=workspace, workspace_parts=parts,
+                                 runtime_bytes=plan.runtime_bytes + (NCCL_RUNTIME_ESTIMATE if n > 1 else 0)))
+        return cls(ways, tuple(ranks))
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(r.total_bytes for r in self.ranks)
+
+    def fits(self, free_per_gpu) -> FitReport:
+        """Rank r on the r-th GPU of `free_per_gpu` (free bytes, as the devices report them)."""
+        free = list(free_per_gpu)
+        if len(free) < self.ways:
+            return FitReport(False, f"A {self.ways}-way split needs {self.ways} GPUs; {len(free)} are visible.")
+        short = [(r, p, f) for r, (p, f) in enumerate(zip(self.ranks, free)) if p.total_bytes > f - p.reserve_bytes]
+        if not short:
+            return FitReport(True, f"Fits split over {self.ways} GPUs: "
+                                   + ", ".join(f"{_gib(p.total_bytes)} of {_gib(f)} free on GPU {r}"
+                                               for r, (p, f) in enumerate(zip(self.ranks, free))) + ".")
+        return FitReport(False, "Does not fit split over {} GPUs: ".format(self.ways) + "; ".join(
+            f"GPU {r} needs {_gib(p.total_bytes)} and has {_gib(f)} free" for r, p, f in short) + ".")
+
+    def to_dict(self) -> dict:
+        return {"ways": self.ways, "total_bytes": self.total_bytes, "ranks": [r.to_dict() for r in self.ranks]}
+
+
+@dataclass(frozen=True)
+class SplitAdvice:
+    ways: int           # the fewest GPUs the load fits on (1: one GPU is enough; 0: no split fits)
+    gpus: tuple         # which GPUs (indices into the free list), rank 0 first
+    message: str
+
+
+def smallest_split(plan: MemoryPlan, decoder: DecoderConfig, free_per_gpu, tied_embeddings: bool = False,
+                   limit: int = 8) -> SplitAdvice:
+    """The smallest N whose split fits the GPUs with the most free memory (rank 0, which also samples,
+    on the freest). One GPU is always tried first; splits the model's heads do not allow are skipped."""
+    from .tensor_parallel import workable_ways
+
+    free = list(free_per_gpu)
+    order = sorted(range(len(free)), key=lambda i: (-free[i], i))
+    if not free:
+        return SplitAdvice(0, (), "No GPU is visible.")
+    if plan.fits(free[order[0]]).ok:
+        return SplitAdvice(1, (order[0],), f"Fits on GPU {order[0]} alone: {plan.fits(free[order[0]]).message}")
+    for ways in workable_ways(decoder, min(limit, len(free))):
+        if ways == 1:
+            continue
+        gpus = tuple(order[:ways])
+        report = plan.split(decoder, ways, tied_embeddings).fits([free[i] for i in gpus])
+        if report.ok:
+            each = plan.split(decoder, ways, tied_embeddings).ranks[0].total_bytes
+            return SplitAdvice(ways, gpus, f"Fits on no single GPU (needs {_gib(plan.total_bytes)}, the freest "
+                                           f"has {_gib(free[order[0]])}) but split over {ways}: GPUs "
+                                           f"{', '.join(map(str, gpus))}, about {_gib(each)} each.")
+    possible = [n for n in workable_ways(decoder, limit) if n > 1]
+    return SplitAdvice(0, (), f"Fits on no single GPU (needs {_gib(plan.total_bytes)}) and on no split of the "
+                              f"{len(free)} visible; this model splits over "
+                              f"{', '.join(map(str, possible)) or 'no number of'} GPUs.")
 
 
 def check_dtypes_loadable(info) -> None:

@@ -103,6 +103,7 @@ class TorchRunner(ModelRunner):
         self.dtype = COMPUTE_DTYPES[options.compute_dtype]
         self.kv_dtype = self.dtype if options.kv_dtype == "auto" else COMPUTE_DTYPES[options.kv_dtype]
         self.context_length = options.context_length
+        self.kv_heads = self.decoder.num_kv_heads      # this process's KV heads (a tensor-parallel rank's share)
         self._load(info, progress)
         self.inv_freq = rope_inverse_frequencies(self.decoder)
         self._sequences: dict[int, _Sequence] = {}
@@ -163,8 +164,8 @@ class TorchRunner(ModelRunner):
         seq = _Sequence()
         d = self.decoder
         for _ in range(d.num_layers):
-            seq.keys.append(torch.empty(d.num_kv_heads, 0, d.head_dim, device=self.device, dtype=self.kv_dtype))
-            seq.values.append(torch.empty(d.num_kv_heads, 0, d.head_dim, device=self.device, dtype=self.kv_dtype))
+            seq.keys.append(torch.empty(self.kv_heads, 0, d.head_dim, device=self.device, dtype=self.kv_dtype))
+            seq.values.append(torch.empty(self.kv_heads, 0, d.head_dim, device=self.device, dtype=self.kv_dtype))
         self._sequences[seq_id] = seq
         return seq_id
 
@@ -200,6 +201,17 @@ class TorchRunner(ModelRunner):
                 grown[:, :s.length] = cache[i][:, :s.length]
                 cache[i] = grown
 
+    # Tensor-parallel hooks (engine/tensor_parallel.py overrides them on each rank). In one process the
+    # embedding lookup is whole, the o / down products are complete sums, and the logits span the vocabulary.
+    def _embed(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.embed[ids]
+
+    def _reduce(self, partial: torch.Tensor) -> torch.Tensor:
+        return partial
+
+    def _head(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.lm_head)
+
     @torch.inference_mode()
     def _forward(self, s: _Sequence, token_ids: Sequence[int], all_logits: bool) -> torch.Tensor:
         d = self.decoder
@@ -207,7 +219,7 @@ class TorchRunner(ModelRunner):
         start = s.length
         self._reserve(s, start + n)
         ids = torch.tensor(list(token_ids), dtype=torch.long, device=self.device)
-        x = self.embed[ids]                                                  # [n, hidden]
+        x = self._embed(ids)                                                 # [n, hidden]
         positions = torch.arange(start, start + n, dtype=torch.float64)
         freqs = torch.outer(positions, self.inv_freq)
         emb = torch.cat((freqs, freqs), dim=-1)
@@ -217,13 +229,14 @@ class TorchRunner(ModelRunner):
         mask = torch.ones(n, total, dtype=torch.bool, device=self.device).tril(diagonal=start)
         group = d.num_heads // d.num_kv_heads
         for i, w in enumerate(self.layers):
+            heads, kv_heads = w.q.shape[0] // d.head_dim, w.k.shape[0] // d.head_dim   # this process's share
             h = rms_norm(x, w.attn_norm, d.rms_norm_eps)
             q, k = F.linear(h, w.q, w.q_bias), F.linear(h, w.k, w.k_bias)
             if d.qk_norm_whole_projection:       # OLMoE: one RMS over all heads, before the split
                 q, k = rms_norm(q, w.q_norm, d.rms_norm_eps), rms_norm(k, w.k_norm, d.rms_norm_eps)
-            q = q.view(n, d.num_heads, d.head_dim).transpose(0, 1)
-            k = k.view(n, d.num_kv_heads, d.head_dim).transpose(0, 1)
-            v = F.linear(h, w.v, w.v_bias).view(n, d.num_kv_heads, d.head_dim).transpose(0, 1)
+            q = q.view(n, heads, d.head_dim).transpose(0, 1)
+            k = k.view(n, kv_heads, d.head_dim).transpose(0, 1)
+            v = F.linear(h, w.v, w.v_bias).view(n, kv_heads, d.head_dim).transpose(0, 1)
             if w.q_norm is not None and not d.qk_norm_whole_projection:
                 q = rms_norm(q, w.q_norm, d.rms_norm_eps)
                 k = rms_norm(k, w.k_norm, d.rms_norm_eps)
@@ -234,15 +247,15 @@ class TorchRunner(ModelRunner):
             keys = s.keys[i][:, :total].to(self.dtype).repeat_interleave(group, dim=0)
             values = s.values[i][:, :total].to(self.dtype).repeat_interleave(group, dim=0)
             attn = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
-            x = x + F.linear(attn.transpose(0, 1).reshape(n, d.q_size), w.o)
+            x = x + self._reduce(F.linear(attn.transpose(0, 1).reshape(n, heads * d.head_dim), w.o))
             h = rms_norm(x, w.mlp_norm, d.rms_norm_eps)
             if w.moe is not None:
                 x = x + moe_feed_forward(h, w.moe, d.moe)
             else:
-                x = x + F.linear(F.silu(F.linear(h, w.gate)) * F.linear(h, w.up), w.down)
+                x = x + self._reduce(F.linear(F.silu(F.linear(h, w.gate)) * F.linear(h, w.up), w.down))
         s.length = total
         x = x if all_logits else x[-1:]
-        return F.linear(rms_norm(x, self.final_norm, d.rms_norm_eps), self.lm_head).float()
+        return self._head(rms_norm(x, self.final_norm, d.rms_norm_eps)).float()
 
     def prefill(self, seq: int, token_ids: Sequence[int]) -> None:
         if not token_ids:
@@ -268,7 +281,7 @@ class TorchRunner(ModelRunner):
 
     def memory(self) -> dict:
         d = self.decoder
-        kv = sum(s.keys[0].shape[1] for s in self._sequences.values()) * d.num_layers * 2 * d.kv_size
+        kv = sum(s.keys[0].shape[1] for s in self._sequences.values()) * d.num_layers * 2 * self.kv_heads * d.head_dim
         return {"weight_bytes": self.weight_bytes, "kv_bytes": kv * self.kv_dtype.itemsize,
                 "sequences": len(self._sequences)}
 
