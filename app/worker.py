@@ -235,9 +235,9 @@ class EngineWorker(QObject):
             note = plain_backend_note(name, getattr(self.engine, "backend_note", ""), build)
             self.ready.emit(f"{name} ({note})" if note else name)
             log.info("engine started: %s backend%s", name, f" ({note})" if note else "")
-            self.diagnosed.emit(self._diagnostics(name, getattr(self.engine, "backend_note", ""), build, home))
             self._emit_library()
             self._warm_imports(name)
+            self.diagnosed.emit(self._diagnostics(name, getattr(self.engine, "backend_note", ""), build, home))
         self._run("start", backend, go)
 
     @staticmethod
@@ -253,7 +253,9 @@ class EngineWorker(QObject):
         except Exception:
             pass
         try:
-            import torch
+            torch = sys.modules.get("torch")     # named only if the backend imported it: never imported here
+            if torch is None:
+                raise ImportError
             versions.append(f"torch {torch.__version__}")
             if torch.cuda.is_available():
                 build["device_names"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]

@@ -414,6 +414,14 @@ class MainWindow(QMainWindow):
 
     def _planned(self, key: str, plan: dict) -> None:
         self.manager.show_plan(key, plan)
+        if getattr(self, "_load_after_plan", "") == key:
+            self._load_after_plan = ""
+            if plan.get("ok"):
+                self.load_model(key)
+            else:
+                advice = (f" A context of {plan['suggested_context']:,} tokens fits: choose it on the Models page."
+                          if plan.get("suggested_context") else " Unload another model or choose a smaller one.")
+                self.banner.show_error("out-of-memory", f"{plan.get('message') or 'It does not fit.'}{advice}")
         self.memory_label.setText(f"Free {plan.get('device', '')}: {human_bytes(plan.get('free_bytes'))}")
 
     def _context_changed(self, model_id: str, tokens: int) -> None:
@@ -547,10 +555,10 @@ class MainWindow(QMainWindow):
             return
         plan = self.manager.plans.get(model_id)
         if plan is not None and not plan.get("ok"):
-            # Warn before a load that would not fit, with the plan's advice (the engine would refuse it)
-            advice = (f" A context of {plan['suggested_context']:,} tokens fits: choose it on the Models page."
-                      if plan.get("suggested_context") else " Unload another model or choose a smaller one.")
-            self.banner.show_error("out-of-memory", f"{plan.get('message') or 'It does not fit.'}{advice}")
+            # The last plan said it would not fit; free memory moves, so plan again now: _planned
+            # loads it if it fits, or warns with the plan's advice (the engine would refuse it).
+            self._load_after_plan = model_id
+            self.client.plan_memory(model_id)
             return
         row = self.library.row(model_id)
         self.load_progress.begin(f"Loading {row.name if row else Path(model_id).name}")   # at once, not on reply

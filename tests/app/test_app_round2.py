@@ -504,8 +504,8 @@ def test_logs_diagnostics_resources_settings_and_accessibility(qtbot, make_app, 
         win.manager.context_box.setValue(win.manager.context_box.maximum())
     loads = []
     client.started.connect(lambda op, key: loads.append(key) if op == "load" else None)
-    win.load_model(huge)
-    qtbot.wait(100)
+    with qtbot.waitSignal(client.memory_planned, timeout=60_000):   # planned again, then warned
+        win.load_model(huge)
     assert win.banner.kind == "out-of-memory" and "tokens fits" in win.banner.message.text() and loads == []
 
     # the theme follows the setting
