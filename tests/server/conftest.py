@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.append(str(Path(__file__).parent))   # appended: tests/app imports its own `conftest` by name
 
 from conftest_helpers import MODEL  # noqa: E402
 

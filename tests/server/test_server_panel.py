@@ -20,8 +20,16 @@ def window(qapp, hearth_home, default_model, qtbot):
     import keyring
     from keyring.backends import fail
 
+    from PySide6.QtCore import QCoreApplication, QEvent
+
     from app.main import build
 
+    # Windows other tests left behind are re-styled by every build (theme.apply): with their big
+    # tensor tables that takes minutes. They are done with: delete them first.
+    for leftover in qapp.topLevelWidgets():
+        leftover.close()
+        leftover.deleteLater()
+    QCoreApplication.sendPostedEvents(None, QEvent.Type.DeferredDelete)
     before = keyring.get_keyring()
     keyring.set_keyring(fail.Keyring())            # CI has no keyring: the key stays in memory
     _, win, client, store = build(["--home", str(hearth_home), "--backend", "torch", "--no-model"], app=qapp)
@@ -32,6 +40,7 @@ def window(qapp, hearth_home, default_model, qtbot):
     win.close()
     client.shutdown()
     store.close()
+    win.deleteLater()
     keyring.set_keyring(before)
     (hearth_home / "remotes.json").unlink(missing_ok=True)     # endpoints added here point at stopped servers
 
