@@ -2,11 +2,10 @@
 from __future__ import annotations
 
 import socket
-import threading
 
 import pytest
 
-from conftest_helpers import MODEL
+from conftest_helpers import MODEL, Relay
 
 HELLO = [{"role": "user", "content": "Name three colours."}]
 
@@ -73,14 +72,16 @@ def test_a_dropped_connection_keeps_the_text_as_stopped(default_engine):
     from engine.server import Server, ServerConfig
 
     srv = Server(default_engine, ServerConfig(port=0)).start()
+    relay = Relay(srv.port)
     received = []
     try:
-        for event in RemoteClient(srv.url).chat_stream(MODEL, HELLO, SamplingParams(temperature=0.8, seed=3,
-                                                                                    max_tokens=400)):
+        for event in RemoteClient(relay.url).chat_stream(MODEL, HELLO, SamplingParams(temperature=0.8, seed=3,
+                                                                                      max_tokens=400)):
             received.append(event)
             if len(received) == 3:
-                threading.Thread(target=srv.stop).start()     # the server goes away mid-reply
+                relay.sever()                             # the connection goes away mid-reply
     finally:
+        relay.sever()
         srv.stop()
     finished = received[-1]
     assert isinstance(finished, Finished) and finished.stats.stop_reason == "connection-lost"

@@ -12,7 +12,7 @@ import pytest  # noqa: E402
 
 import app.qtcompat  # noqa: E402,F401  (PySide6 6.12 on Python 3.11 drops references to None/True)
 
-from conftest_helpers import MODEL  # noqa: E402
+from conftest_helpers import MODEL, Relay  # noqa: E402
 
 
 @pytest.fixture
@@ -109,15 +109,14 @@ def test_a_port_in_use_is_reported_in_the_panel(window, qtbot):
 
 
 def test_a_remote_reply_cut_by_a_dropped_connection_is_kept_as_stopped(window, qtbot, default_engine):
-    import threading
-
     from engine.server import Server, ServerConfig
 
     client, panel = window.client, window.server_panel
     remote = Server(default_engine, ServerConfig(port=0)).start()     # another machine's server, say
+    relay = Relay(remote.port)                                        # and the network in between
     try:
         panel.remote_name.setText("cluster")
-        panel.remote_url.setText(remote.url)
+        panel.remote_url.setText(relay.url)
         with qtbot.waitSignal(client.remotes_changed, timeout=60_000, check_params_cb=lambda rows: any(
                 r["name"] == "cluster" and r["models"] for r in rows)):
             panel.add_remote.click()
@@ -127,8 +126,9 @@ def test_a_remote_reply_cut_by_a_dropped_connection_is_kept_as_stopped(window, q
         with qtbot.waitSignal(client.token, timeout=120_000):
             window.send("Write a very long story about a lighthouse keeper and the sea.")
         with qtbot.waitSignal(client.finished, timeout=120_000) as finished:
-            threading.Thread(target=remote.stop).start()             # the endpoint goes away mid-reply
+            relay.sever()                                            # the connection drops mid-reply
     finally:
+        relay.sever()
         remote.stop()
     assert finished.args[1]["stop_reason"] == "cancelled"
     reply = window.chat.messages[-1]
