@@ -2,7 +2,8 @@
 
 Checkpoint names differ between families and formats; the catalog maps them onto one vocabulary
 of roles (q, k, v, o, gate, up, down, norms, experts, router, quantization scales), and records what
-is missing or unexpected. Loaders walk the catalog, never the raw names.
+is missing or unexpected. NVFP4 scales sit beside their weight: `scales` for a layer's own projections
+(the shared expert's included), `expert_scales` per routed expert. Loaders walk the catalog, never the raw names.
 """
 from __future__ import annotations
 
@@ -57,7 +58,8 @@ def _is_weight_name(rest: str) -> bool:
 class LayerEntry:
     roles: dict = field(default_factory=dict)          # role -> TensorInfo
     experts: dict = field(default_factory=dict)        # expert index -> {role: TensorInfo}
-    scales: dict = field(default_factory=dict)         # "q.weight_scale" etc. -> TensorInfo
+    scales: dict = field(default_factory=dict)         # "q.weight_scale", "shared_up.weight_scale_2" etc. -> TensorInfo
+    expert_scales: dict = field(default_factory=dict)  # expert index -> {"gate.weight_scale" etc.: TensorInfo}
 
 
 @dataclass
@@ -94,13 +96,18 @@ class TensorCatalog:
                 layer.experts.setdefault(int(e.group(1)), {})[_EXPERT_ROLE[e.group(2)]] = t
             elif (s := _SHARED_EXPERT.match(rest)):
                 layer.roles["shared_" + _EXPERT_ROLE[s.group(1)]] = t
-            elif (scale and _EXPERT.match(scale.group(1) + ".weight")):
-                layer.scales[rest] = t
+            elif scale and (e := _EXPERT.match(scale.group(1) + ".weight")):
+                layer.expert_scales.setdefault(int(e.group(1)), {})[
+                    f"{_EXPERT_ROLE[e.group(2)]}.{scale.group(2)}"] = t
+            elif scale and (s := _SHARED_EXPERT.match(scale.group(1) + ".weight")):
+                layer.scales[f"shared_{_EXPERT_ROLE[s.group(1)]}.{scale.group(2)}"] = t
             else:
                 unexpected.append(t.name)
         for i, layer in enumerate(layers):      # experts past num_experts belong to another config
             for e in [e for e in layer.experts if e >= decoder.num_experts]:
                 unexpected += [t.name for t in layer.experts.pop(e).values()]
+            for e in [e for e in layer.expert_scales if e >= decoder.num_experts]:
+                unexpected += [t.name for t in layer.expert_scales.pop(e).values()]
         catalog = cls(globals_, layers, unexpected, [])
         catalog.missing = catalog._missing(decoder)
         return catalog
@@ -142,8 +149,9 @@ class TensorCatalog:
             for experts in layer.experts.values():
                 for role in experts:
                     counts["expert_" + role] = counts.get("expert_" + role, 0) + 1
-            for name in layer.scales:
-                counts["scale"] = counts.get("scale", 0) + 1
+            scales = len(layer.scales) + sum(len(x) for x in layer.expert_scales.values())
+            if scales:
+                counts["scale"] = counts.get("scale", 0) + scales
         return counts
 
     def to_dict(self) -> dict:

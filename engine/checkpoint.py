@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Optional
 
 from .errors import (CheckpointNotFound, CorruptCheckpoint, MissingConfig, NotACheckpoint,
-                     UnsupportedTensorType)
+                     UnsupportedArchitecture, UnsupportedTensorType)
 from . import validate
 from .moe import MoeLayout, layout_from_hf
 
@@ -292,7 +292,11 @@ def inspect(path) -> CheckpointInfo:
     if scheme is not None and not scheme.unsupported:
         from .nvfp4_checkpoint import pair
 
-        pair(info)      # malformed or missing scales are typed errors, as a truncated file is
+        try:
+            pair(info)      # malformed or missing scales are typed errors, as a truncated file is
+        except UnsupportedArchitecture as exc:       # well-formed but not runnable (a quantized router)
+            info.plan, info.plan_error = None, exc.message
+            return info
     try:
         plan = ExecutionPlan.discover(info.decoder, info.catalog, info.metadata.quantization)
         if scheme is not None:

@@ -11,6 +11,10 @@
 
 Hearth runs both weight-only: activations stay 16-bit (as vLLM's Marlin FP4 path does on GPUs
 without FP4 tensor cores), so input scales are read past. The format maths is in engine/nvfp4.py.
+
+Mixture of experts: every routed expert's gate / up / down and the shared expert's projections may be
+NVFP4 (the same tensors and checks, per expert: `NvFp4Layers.experts`, `read_experts`); routers and the
+shared expert's sigmoid gate stay 16-bit, as both tools leave them (a quantized one is refused).
 """
 from __future__ import annotations
 
@@ -29,8 +33,13 @@ from .errors import CorruptCheckpoint, MissingTensors, UnsupportedArchitecture
 MODELOPT = "modelopt"
 COMPRESSED_TENSORS = "compressed-tensors"
 NVFP4_FORMAT = "nvfp4-pack-quantized"          # compressed-tensors' format name
-PROJECTIONS = ("q", "k", "v", "o", "gate", "up", "down")
-FUSED_GROUPS = (("q", "k", "v"), ("gate", "up"))   # slots the engine runs as one product
+PROJECTIONS = ("q", "k", "v", "o", "gate", "up", "down")          # a dense layer's (a MoE layer has q/k/v/o)
+SHARED_PROJECTIONS = ("shared_gate", "shared_up", "shared_down")  # Qwen2-MoE's shared expert, a MoE layer's own
+EXPERT_PROJECTIONS = ("gate", "up", "down")                        # each routed expert's
+ROUTERS = ("router", "shared_expert_router")                       # always 16-bit (real checkpoints exclude them)
+# slots the engine runs as one product: a layer's q/k/v and gate/up, the shared expert's gate/up ...
+FUSED_GROUPS = (("q", "k", "v"), ("gate", "up"), ("shared_gate", "shared_up"))
+EXPERT_FUSED = ("gate", "up")                                      # ... and each expert's gate/up
 # Where each layout keeps the global scale, and whether it is the multiplier or its inverse.
 GLOBAL_SCALE_NAME = {MODELOPT: "weight_scale_2", COMPRESSED_TENSORS: "weight_global_scale"}
 SCALE_SUFFIXES = ("weight_scale", "weight_scale_2", "weight_global_scale", "input_scale", "input_global_scale")
@@ -229,18 +238,91 @@ class NvFp4Entry:
 @dataclass
 class NvFp4Layers:
     scheme: NvFp4Scheme
-    layers: list = field(default_factory=list)      # per layer: {role: NvFp4Entry}
+    layers: list = field(default_factory=list)      # per layer: {role: NvFp4Entry} (q..down, shared_*)
+    experts: list = field(default_factory=list)     # per layer: {expert index: {role: NvFp4Entry}} ({} if dense)
 
     @property
     def count(self) -> int:
-        return sum(len(layer) for layer in self.layers)
+        return sum(len(layer) for layer in self.layers) + sum(
+            len(roles) for layer in self.experts for roles in layer.values())
+
+
+_WHAT = {"q": "q projection", "k": "k projection", "v": "v projection", "o": "o projection",
+         "gate": "gate projection", "up": "up projection", "down": "down projection",
+         "shared_gate": "shared expert's gate projection", "shared_up": "shared expert's up projection",
+         "shared_down": "shared expert's down projection"}
+
+
+def _entry(scheme: NvFp4Scheme, role: str, t, scales: dict, want: Optional[tuple], what: str) -> Optional[NvFp4Entry]:
+    """The checked NVFP4 entry of one projection, or None when it is stored 16-bit.
+
+    `scales` holds the scale tensors beside it under "{role}.{suffix}" (LayerEntry.scales or one
+    expert's LayerEntry.expert_scales); `want` is the [N, K] config.json implies, `what` names it.
+    """
+    if t is None or t.dtype != "U8":
+        if t is not None and f"{role}.weight_scale" in scales:
+            raise CorruptCheckpoint(
+                f"{t.name} has NVFP4 scales beside it but is stored as {t.dtype}; a packed NVFP4 "
+                "weight is U8 (two 4-bit values per byte).")
+        return None
+    block = scales.get(f"{role}.weight_scale")
+    glob = scales.get(f"{role}.{scheme.global_scale_name}")
+    module = t.name.rsplit(".", 1)[0]
+    if block is None:
+        raise MissingTensors(f"{t.name} is a packed NVFP4 weight but {module}.weight_scale, its "
+                             "block scales, is missing: the checkpoint is incomplete.")
+    if glob is None:
+        raise MissingTensors(f"{t.name} is a packed NVFP4 weight but {module}.{scheme.global_scale_name}, "
+                             "its global scale, is missing: the checkpoint is incomplete.")
+    if len(t.shape) != 2:
+        raise CorruptCheckpoint(f"{t.name} should be a packed NVFP4 matrix [N, K/2] but has shape {list(t.shape)}.")
+    n, k = logical_shape(t)
+    if want is not None and (n, k) != tuple(want):
+        raise CorruptCheckpoint(
+            f"{t.name} holds an NVFP4 weight of {n} x {k}, but config.json implies "
+            f"{want[0]} x {want[1]} for the {what}. The weights and the configuration belong to different models.")
+    if k % nvfp4.BLOCK:
+        raise CorruptCheckpoint(f"{t.name} has {k} inputs, not a multiple of the NVFP4 block of "
+                                f"{nvfp4.BLOCK}.")
+    if block.dtype != "F8_E4M3":
+        raise CorruptCheckpoint(f"{block.name} should hold fp8 e4m3 block scales but is {block.dtype}; "
+                                "the checkpoint was not written as NVFP4.")
+    if tuple(block.shape) != (n, k // nvfp4.BLOCK):
+        raise CorruptCheckpoint(
+            f"{block.name} has shape {list(block.shape)}, but a {n} x {k} NVFP4 weight needs one block "
+            f"scale per {nvfp4.BLOCK} inputs: {[n, k // nvfp4.BLOCK]}.")
+    if glob.dtype != "F32":
+        raise CorruptCheckpoint(f"{glob.name} should be one fp32 global scale but is {glob.dtype}.")
+    if glob.numel != 1:
+        raise CorruptCheckpoint(f"{glob.name} should be one fp32 global scale per tensor, but it holds "
+                                f"{glob.numel} values (shape {list(glob.shape)}).")
+    return NvFp4Entry(role, t, block, glob, scheme.layout == COMPRESSED_TENSORS)
+
+
+def _refuse_quantized_routers(layer, i: int) -> None:
+    for role in ROUTERS:
+        t = layer.roles.get(role)
+        if t is None:
+            continue
+        scale = next((layer.scales[f"{role}.{s}"] for s in ("weight_scale", "weight_scale_2", "weight_global_scale")
+                      if f"{role}.{s}" in layer.scales), None)
+        if t.dtype == "U8" or scale is not None:
+            what = "router" if role == "router" else "shared expert's sigmoid gate"
+            module = t.name.rsplit(".", 1)[0]
+            raise UnsupportedArchitecture(
+                f"This checkpoint quantizes the {what} of layer {i} ({module}"
+                f"{', stored ' + t.dtype if t.dtype == 'U8' else ', with ' + scale.name.rsplit('.', 1)[-1]}); "
+                "Hearth runs NVFP4 experts with 16-bit routers, as ModelOpt and llm-compressor write them "
+                "(their exclude_modules / ignore lists name every router).")
 
 
 def pair(info) -> NvFp4Layers:
-    """Every NVFP4 projection of an inspected checkpoint with its scales, each checked.
+    """Every NVFP4 projection of an inspected checkpoint with its scales, each checked: each layer's
+    attention and dense-MLP projections and its shared expert's (`layers`), and each routed expert's
+    gate / up / down (`experts`).
 
     Raises MissingTensors when a packed weight has no block or global scale, CorruptCheckpoint when a
-    weight or scale has the wrong dtype or shape.
+    weight or scale has the wrong dtype or shape, UnsupportedArchitecture when a router is quantized.
     """
     scheme = info.quant_scheme
     from .weights import expected_shapes
@@ -248,46 +330,25 @@ def pair(info) -> NvFp4Layers:
     want = expected_shapes(info.decoder)
     result = NvFp4Layers(scheme)
     for i, layer in enumerate(info.catalog.layers):
+        _refuse_quantized_routers(layer, i)
         found = {}
-        for role in PROJECTIONS:
-            t = layer.roles.get(role)
-            if t is None or t.dtype != "U8":
-                if t is not None and f"{role}.weight_scale" in layer.scales and t.dtype != "U8":
-                    raise CorruptCheckpoint(
-                        f"{t.name} has NVFP4 scales beside it but is stored as {t.dtype}; a packed NVFP4 "
-                        "weight is U8 (two 4-bit values per byte).")
-                continue
-            block = layer.scales.get(f"{role}.weight_scale")
-            glob = layer.scales.get(f"{role}.{scheme.global_scale_name}")
-            module = t.name.rsplit(".", 1)[0]
-            if block is None:
-                raise MissingTensors(f"{t.name} is a packed NVFP4 weight but {module}.weight_scale, its "
-                                     "block scales, is missing: the checkpoint is incomplete.")
-            if glob is None:
-                raise MissingTensors(f"{t.name} is a packed NVFP4 weight but {module}.{scheme.global_scale_name}, "
-                                     "its global scale, is missing: the checkpoint is incomplete.")
-            n, k = logical_shape(t)
-            if role in want and (n, k) != want[role]:
-                raise CorruptCheckpoint(
-                    f"{t.name} holds an NVFP4 weight of {n} x {k}, but config.json implies "
-                    f"{want[role][0]} x {want[role][1]}. The weights and the configuration belong to different models.")
-            if k % nvfp4.BLOCK:
-                raise CorruptCheckpoint(f"{t.name} has {k} inputs, not a multiple of the NVFP4 block of "
-                                        f"{nvfp4.BLOCK}.")
-            if block.dtype != "F8_E4M3":
-                raise CorruptCheckpoint(f"{block.name} should hold fp8 e4m3 block scales but is {block.dtype}; "
-                                        "the checkpoint was not written as NVFP4.")
-            if tuple(block.shape) != (n, k // nvfp4.BLOCK):
-                raise CorruptCheckpoint(
-                    f"{block.name} has shape {list(block.shape)}, but a {n} x {k} NVFP4 weight needs one block "
-                    f"scale per {nvfp4.BLOCK} inputs: {[n, k // nvfp4.BLOCK]}.")
-            if glob.dtype != "F32":
-                raise CorruptCheckpoint(f"{glob.name} should be one fp32 global scale but is {glob.dtype}.")
-            if glob.numel != 1:
-                raise CorruptCheckpoint(f"{glob.name} should be one fp32 global scale per tensor, but it holds "
-                                        f"{glob.numel} values (shape {list(glob.shape)}).")
-            found[role] = NvFp4Entry(role, t, block, glob, scheme.layout == COMPRESSED_TENSORS)
+        for role in PROJECTIONS + SHARED_PROJECTIONS:
+            entry = _entry(scheme, role, layer.roles.get(role), layer.scales, want.get(role), _WHAT[role])
+            if entry is not None:
+                found[role] = entry
+        experts = {}
+        for e in sorted(layer.experts):
+            scales = layer.expert_scales.get(e, {})
+            roles = {}
+            for role in EXPERT_PROJECTIONS:
+                entry = _entry(scheme, role, layer.experts[e].get(role), scales, want.get("expert_" + role),
+                               f"{_WHAT[role]} of expert {e}")
+                if entry is not None:
+                    roles[role] = entry
+            if roles:
+                experts[e] = roles
         result.layers.append(found)
+        result.experts.append(experts)
     if not result.count:
         raise MissingTensors("The checkpoint declares NVFP4 quantization but holds no packed NVFP4 weight.")
     return result
@@ -307,6 +368,24 @@ def check_runnable(info) -> NvFp4Layers:
             raise UnsupportedArchitecture(
                 f"{t.name} is stored packed; Hearth keeps the embedding and lm_head 16-bit.")
     return pair(info)
+
+
+def coverage(info, layers: Optional[NvFp4Layers] = None) -> list:
+    """[(part, NVFP4 projections, all projections)] per part of the decoder that has projections:
+    attention, dense MLP, experts, shared expert. What the inspector prints."""
+    layers = layers if layers is not None else pair(info)
+    parts = {"attention": [0, 0], "dense MLP": [0, 0], "experts": [0, 0], "shared expert": [0, 0]}
+    for layer, found, experts in zip(info.catalog.layers, layers.layers, layers.experts):
+        for role in layer.roles:
+            part = ("attention" if role in ("q", "k", "v", "o") else "dense MLP" if role in ("gate", "up", "down")
+                    else "shared expert" if role in SHARED_PROJECTIONS else None)
+            if part:
+                parts[part][0] += role in found
+                parts[part][1] += 1
+        for e, roles in layer.experts.items():
+            parts["experts"][0] += sum(r in experts.get(e, {}) for r in roles)
+            parts["experts"][1] += len(roles)
+    return [(part, n, total) for part, (n, total) in parts.items() if total]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -329,19 +408,14 @@ def read_entry(reader, entry: NvFp4Entry) -> nvfp4.NvFp4Tensor:
     return nvfp4.NvFp4Tensor(packed, block, multiplier)
 
 
-def read_layer(reader, layer: dict, advance=None) -> dict:
-    """{role: NvFp4Tensor} of one layer, fused groups sharing one global scale as the engine runs them.
-
-    Parts of a fused slot (q/k/v, gate/up) with different global scales are brought onto the largest
-    of them (engine.nvfp4.fuse); the returned parts are the rows of the fused weight, so the torch
-    reference computes over exactly what a fused kernel holds resident.
-    """
+def _read_fused(reader, roles: dict, groups, advance) -> dict:
+    """{role: NvFp4Tensor}, the parts of each group in `groups` on the largest of their global scales."""
     tensors = {}
-    for role, entry in layer.items():
+    for role, entry in roles.items():
         tensors[role] = read_entry(reader, entry)
         if advance is not None:
             advance(entry.weight.bytes + entry.block_scale.bytes + entry.global_scale.bytes, entry.weight.name)
-    for group in FUSED_GROUPS:
+    for group in groups:
         if all(r in tensors for r in group):
             common = max(tensors[r].global_scale for r in group)
             for r in group:
@@ -349,12 +423,33 @@ def read_layer(reader, layer: dict, advance=None) -> dict:
     return tensors
 
 
+def read_layer(reader, layer: dict, advance=None) -> dict:
+    """{role: NvFp4Tensor} of one layer, fused groups sharing one global scale as the engine runs them.
+
+    Parts of a fused slot (q/k/v, gate/up, the shared expert's gate/up) with different global scales
+    are brought onto the largest of them (engine.nvfp4.with_global_scale); the returned parts are the
+    rows of the fused weight, so the torch reference computes over exactly what a fused kernel holds
+    resident.
+    """
+    return _read_fused(reader, layer, FUSED_GROUPS, advance)
+
+
+def read_experts(reader, layer_experts: dict, advance=None) -> dict:
+    """{expert index: {role: NvFp4Tensor}} of one layer's routed experts (`NvFp4Layers.experts[i]`).
+
+    Each expert's gate and up are one fused slot (moe_gate_up: gate rows, then up rows) and share one
+    global scale, the larger of the two, as read_layer does for q/k/v; down keeps its own.
+    """
+    return {e: _read_fused(reader, roles, (EXPERT_FUSED,), advance) for e, roles in sorted(layer_experts.items())}
+
+
 def scale_tensors(layers: NvFp4Layers) -> set:
-    """Names of every scale tensor the pairing uses or reads past (input scales)."""
+    """Names of every scale tensor the pairing uses."""
     names = set()
-    for layer in layers.layers:
-        for entry in layer.values():
-            names.update((entry.block_scale.name, entry.global_scale.name))
+    entries = [e for layer in layers.layers for e in layer.values()]
+    entries += [e for layer in layers.experts for roles in layer.values() for e in roles.values()]
+    for entry in entries:
+        names.update((entry.block_scale.name, entry.global_scale.name))
     return names
 
 
