@@ -124,6 +124,14 @@ def _dtypes(counts: dict) -> str:
     return ", ".join(f"{dtype} × {n}" for dtype, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
 
 
+def _exclusions(names, shown: int = 6) -> str:
+    """The scheme's exclusions, the first few: MoE checkpoints list every layer's router."""
+    names = list(names)
+    if not names:
+        return "nothing"
+    return ", ".join(names[:shown]) + (f" and {len(names) - shown} more" if len(names) > shown else "")
+
+
 def _stop_note(stats) -> str:
     """Why a reply ended, in words, when it did not end on its own."""
     return {"max-tokens": f"cut at --max-tokens {stats.generated_tokens}: raise it for a longer reply",
@@ -152,7 +160,17 @@ def cmd_inspect(args) -> int:
     if info.quant_scheme is not None:
         s = info.quant_scheme
         print(f"  nvfp4            {s.layout}, blocks of {s.group_size}, activations {s.activations}, "
-              f"not quantized: {', '.join(s.exclusions) or 'nothing'}")
+              f"not quantized: {_exclusions(s.exclusions)}")
+        if not s.unsupported:
+            from .errors import HearthError
+            from .nvfp4_checkpoint import coverage
+
+            try:
+                parts = coverage(info)
+            except HearthError:
+                parts = []          # the plan line says why
+            if parts:
+                print("  nvfp4 weights    " + ", ".join(f"{part} {n} of {total}" for part, n, total in parts))
     if info.plan is not None:
         p = info.plan
         print(f"  plan             {p.family}: {p.archetype}, {p.attention}, {p.projection_format} projections")

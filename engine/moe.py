@@ -67,13 +67,21 @@ class MoeLayout:
     def has_shared_expert(self) -> bool:
         return self.shared_expert_intermediate_size > 0
 
-    def describe(self, num_layers: int) -> str:
-        """What a user reads: "MoE SwiGLU, 128 experts, top-8 (renormalised), every layer"."""
+    def describe(self, num_layers: int, experts: str = "", shared: str = "") -> str:
+        """What a user reads: "MoE SwiGLU, 128 experts, top-8 (renormalised), every layer".
+
+        `experts` / `shared` qualify the weight format (`weight_formats`): "MoE SwiGLU, 128 NVFP4
+        experts, ...", "8 experts (NVFP4 gate, up; 16-bit down)", "a sigmoid-gated NVFP4 shared expert".
+        """
         routed = self.moe_layer_count(num_layers)
         norm = "renormalised" if self.normalize_top_k else "not renormalised"
-        text = f"MoE SwiGLU, {self.num_experts} experts, top-{self.top_k} ({norm})"
+        if experts.startswith("("):
+            text = f"MoE SwiGLU, {self.num_experts} experts {experts}, top-{self.top_k} ({norm})"
+        else:
+            text = f"MoE SwiGLU, {self.num_experts} {experts + ' ' if experts else ''}experts, top-{self.top_k} ({norm})"
         if self.has_shared_expert:
-            text += ", a sigmoid-gated shared expert" if self.shared_expert_gated else ", a shared expert"
+            kind = f"{shared} shared expert" if shared else "shared expert"
+            text += f", a sigmoid-gated {kind}" if self.shared_expert_gated else f", a {kind}"
         if routed == num_layers:
             return text + ", every layer"
         return text + f", {routed} of {num_layers} layers (the rest dense SwiGLU)"
@@ -139,18 +147,54 @@ def unsupported_reason(text: dict, layout: MoeLayout, num_layers: int) -> str:
 
 # ------------------------------------------------------------------------------------ parameters
 
+def logical_numel(t) -> int:
+    """Weights a tensor holds: a packed NVFP4 weight (U8 [N, K/2]) holds two per byte."""
+    return 2 * t.numel if t.dtype == "U8" and len(t.shape) == 2 else t.numel
+
+
+def weight_formats(catalog) -> tuple[str, str]:
+    """(experts, shared expert) qualifiers for `MoeLayout.describe`: "" when 16-bit, "NVFP4" when every
+    such projection is packed NVFP4, else which roles are ("(NVFP4 gate, up; 16-bit down)")."""
+    def qualify(tensors: dict) -> str:      # role -> [TensorInfo]
+        packed = {r: sum(t.dtype == "U8" for t in ts) for r, ts in tensors.items()}
+        if not any(packed.values()):
+            return ""
+        if all(packed[r] == len(tensors[r]) for r in tensors):
+            return "NVFP4"
+        full = [r for r in tensors if packed[r] == len(tensors[r])]
+        part = [r for r in tensors if 0 < packed[r] < len(tensors[r])]
+        rest = [r for r in tensors if not packed[r]]
+        words = ([f"NVFP4 {', '.join(full)}"] if full else []) + ([f"partly NVFP4 {', '.join(part)}"] if part else [])
+        return "(" + ", ".join(words) + (f"; 16-bit {', '.join(rest)}" if rest else "") + ")"
+
+    experts: dict = {}
+    shared: dict = {}
+    for layer in catalog.layers:
+        for roles in layer.experts.values():
+            for role, t in roles.items():
+                experts.setdefault(role, []).append(t)
+        for role in ("shared_gate", "shared_up", "shared_down"):
+            if role in layer.roles:
+                shared.setdefault(role.removeprefix("shared_"), []).append(layer.roles[role])
+    order = ("gate", "up", "down")
+    experts = {r: experts[r] for r in order if r in experts}
+    shared = {r: shared[r] for r in order if r in shared}
+    return qualify(experts), ("partly NVFP4" if qualify(shared).startswith("(") else qualify(shared))
+
+
 def parameter_counts(layout: MoeLayout, catalog) -> tuple[int, int]:
     """(total, active per token) parameters of a MoE checkpoint, from its tensor catalog.
 
     Active = everything a token passes through: embeddings, attention, norms, routers, dense MLPs,
     the shared expert, and top_k of the num_experts routed experts in every MoE layer. The
     embedding and the lm_head both count, as model cards count them (30.5 B / 3.3 B for Qwen3-30B-A3B).
+    Packed NVFP4 weights count both nibbles; their scales (not catalog roles) count nothing.
     """
-    total = sum(t.numel for t in catalog.globals.values())     # tied: the embedding counts once
+    total = sum(logical_numel(t) for t in catalog.globals.values())     # tied: the embedding counts once
     active = total
     for layer in catalog.layers:
-        dense = sum(t.numel for t in layer.roles.values())
-        experts = [sum(t.numel for t in e.values()) for e in layer.experts.values()]
+        dense = sum(logical_numel(t) for t in layer.roles.values())
+        experts = [sum(logical_numel(t) for t in e.values()) for e in layer.experts.values()]
         total += dense + sum(experts)
         if experts:
             # the k largest, so a checkpoint with unequal experts never under-counts

@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass
 from .catalog import TensorCatalog
 from .checkpoint import DecoderConfig
 from .errors import MissingTensors, UnsupportedArchitecture, UnsupportedTensorType
-from .moe import parameter_counts
+from .moe import logical_numel, parameter_counts, weight_formats
 from .registry import family_for
 
 DENSE_SWIGLU = "dense-swiglu"
@@ -55,12 +55,13 @@ class ExecutionPlan:
             raise UnsupportedArchitecture(
                 f"{decoder.architecture} is declared {family.archetype} but its config describes {archetype}.")
         block, moe_layers = "dense SwiGLU", 0
-        parameters = active = sum(t.numel for t in catalog.globals.values()) + sum(
-            t.numel for layer in catalog.layers for t in layer.roles.values())
+        # logical counts: a packed NVFP4 weight holds two weights per byte
+        parameters = active = sum(logical_numel(t) for t in catalog.globals.values()) + sum(
+            logical_numel(t) for layer in catalog.layers for t in layer.roles.values())
         if decoder.moe is not None:
             if decoder.moe.unsupported:
                 raise UnsupportedArchitecture(decoder.moe.unsupported)
-            block = decoder.moe.describe(decoder.num_layers)
+            block = decoder.moe.describe(decoder.num_layers, *weight_formats(catalog))
             moe_layers = decoder.moe.moe_layer_count(decoder.num_layers)
             parameters, active = parameter_counts(decoder.moe, catalog)
         attention = GROUPED_QUERY
