@@ -3,7 +3,8 @@
 Clarity over speed. A straightforward Llama-family decoder (Llama 2/3/3.1 rope scaling, Mistral,
 SmolLM2, Qwen2 q/k/v bias, Qwen3 q/k RMSNorm, tied embeddings), computing in float32 (default) or
 bfloat16, with a contiguous KV cache per sequence that grows as needed. Mixture-of-experts layers
-(Qwen3-MoE, Qwen2-MoE, Mixtral, OLMoE, hybrid dense / MoE stacks) run `moe.feed_forward`.
+(Qwen3-MoE, Qwen2-MoE, Mixtral, OLMoE, hybrid dense / MoE stacks) run `moe.feed_forward`. NVFP4
+projections, experts included, are dequantized into the compute dtype at load.
 """
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from ..checkpoint import CheckpointInfo, DecoderConfig
 from ..errors import ContextOverflow, UnknownSession, UnsupportedArchitecture
 from ..moe import MoeWeights, feed_forward as moe_feed_forward
 from ..nvfp4 import NvFp4Tensor
-from ..nvfp4_checkpoint import pair, read_layer
+from ..nvfp4_checkpoint import pair, read_experts, read_layer
 from ..plan import ExecutionPlan
 from ..progress import ByteCounter, LOADING_WEIGHTS, ProgressCallback
 from ..registry import RUNNABLE_ARCHETYPES
@@ -116,7 +117,9 @@ class TorchRunner(ModelRunner):
         counter = ByteCounter(progress, LOADING_WEIGHTS, info.weight_bytes)
         counter.start("reading weights")
         self.weight_bytes = 0
-        packed = pair(info).layers if info.quant_scheme is not None else [{} for _ in catalog.layers]
+        pairing = pair(info) if info.quant_scheme is not None else None
+        packed = pairing.layers if pairing is not None else [{} for _ in catalog.layers]
+        packed_experts = pairing.experts if pairing is not None else [{} for _ in catalog.layers]
         with TensorReader(info) as reader:
             def dequantized(t: NvFp4Tensor) -> torch.Tensor:
                 value = torch.from_numpy(t.dequantize()).to(device=self.device, dtype=self.dtype)
@@ -136,26 +139,35 @@ class TorchRunner(ModelRunner):
             self.layers = []
             for i, (entry, nvfp4_roles) in enumerate(zip(catalog.layers, packed)):
                 moe_layer = self.decoder.moe is not None and self.decoder.moe.is_moe_layer(i)
-                # NVFP4 projections dequantize to the compute dtype, fused groups (q/k/v, gate/up)
-                # over one global scale as the native engine holds them: the oracle for its kernels.
+                # NVFP4 projections dequantize to the compute dtype, fused groups (q/k/v, gate/up, each
+                # expert's gate/up) over one global scale as the native engine holds them: the oracle
+                # for its kernels.
                 nvfp4 = read_layer(reader, nvfp4_roles, counter.advance)
                 tensors = {role: dequantized(nvfp4[role]) if role in nvfp4 else take(t)
                            for role, t in entry.roles.items() if role in _Layer.__dataclass_fields__}
                 if moe_layer:       # router, experts and shared expert: moe.MoeWeights
-                    tensors["moe"] = self._moe_weights(entry, take)
+                    experts = read_experts(reader, packed_experts[i], counter.advance)
+
+                    def weight(role, t, e=None):
+                        got = nvfp4.get(role) if e is None else experts.get(e, {}).get(role)
+                        return dequantized(got) if got is not None else take(t)
+
+                    tensors["moe"] = self._moe_weights(entry, weight)
                 self.layers.append(_Layer(**tensors))
             self.final_norm = take(catalog.globals["final_norm"])
             self.lm_head = take(catalog.globals["lm_head"]) if "lm_head" in catalog.globals else self.embed
 
-    def _moe_weights(self, entry, take) -> MoeWeights:
+    def _moe_weights(self, entry, weight) -> MoeWeights:
         """The router, the experts fused and stacked in expert order (gate_up [E, 2I, H], down
-        [E, H, I], as moe.moe_placements lays them out), and the shared expert if any."""
-        experts = [entry.experts[e] for e in range(self.decoder.num_experts)]
-        gate_up = torch.stack([torch.cat([take(x["gate"]), take(x["up"])]) for x in experts])
-        down = torch.stack([take(x["down"]) for x in experts])
-        shared = {role: take(entry.roles[role]) for role in ("shared_gate", "shared_up", "shared_down",
-                                                              "shared_expert_router") if role in entry.roles}
-        return MoeWeights(router=take(entry.roles["router"]), gate_up=gate_up, down=down, **shared)
+        [E, H, I], as moe.moe_placements lays them out), and the shared expert if any.
+        weight(role, TensorInfo, expert=None) reads one tensor (NVFP4 ones dequantized)."""
+        experts = range(self.decoder.num_experts)
+        gate_up = torch.stack([torch.cat([weight("gate", entry.experts[e]["gate"], e),
+                                          weight("up", entry.experts[e]["up"], e)]) for e in experts])
+        down = torch.stack([weight("down", entry.experts[e]["down"], e) for e in experts])
+        shared = {role: weight(role, entry.roles[role]) for role in ("shared_gate", "shared_up", "shared_down",
+                                                                      "shared_expert_router") if role in entry.roles}
+        return MoeWeights(router=weight("router", entry.roles["router"]), gate_up=gate_up, down=down, **shared)
 
     # ----------------------------------------------------------------------------- sequences
     def allocate_sequence(self) -> int:
