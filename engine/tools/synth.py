@@ -7,9 +7,14 @@ tensor into safetensors files (on the GPU when torch sees one, so the 8B shape t
 minutes). `--tokenizer` adds a byte-level tokenizer and a ChatML template so chat works end to end;
 `--tokenizer-from DIR` copies a real model's tokenizer instead (the vocabulary follows it).
 
-`--nvfp4` writes the dense layers' projections as a ModelOpt NVFP4 checkpoint instead (random e2m1 codes,
-random e4m3 block scales between 32 and 240, one global scale per tensor: values of about the same spread
-as the bf16 ones, drawn directly, so the 8B shape takes seconds; `hearth quantize` is the real quantizer).
+`--nvfp4 [modelopt|compressed-tensors]` writes the layer projections as an NVFP4 checkpoint instead (random
+e2m1 codes, random e4m3 block scales between 32 and 240, one global scale per tensor: values of about the
+same spread as the bf16 ones, drawn directly, so the 8B shape takes seconds; `hearth quantize` is the real
+quantizer). In MoE shapes that is attention, dense-layer MLPs, every routed expert and the shared expert;
+routers, shared_expert_gate, the embedding, lm_head and norms stay 16-bit, and lm_head, the routers, the
+shared-expert gates and any projection kept 16-bit (inputs not a multiple of 32) are listed in the
+exclusions (ModelOpt's exclude_modules, compressed-tensors' ignore) by full module name, as the tools
+write them.
 
 Mixture-of-experts shapes are written as real checkpoints are on disk: one tensor per expert
 (`mlp.experts.{e}.{gate,up,down}_proj.weight`; Mixtral `block_sparse_moe.experts.{e}.{w1,w3,w2}`),
@@ -195,21 +200,53 @@ def _random_tensor(torch, name: str, shape, seed: int, index: int, dtype, device
 
 
 _NVFP4_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+_NVFP4_EXPERT_PROJECTIONS = _NVFP4_PROJECTIONS[4:] + ("w1", "w2", "w3")      # Mixtral's experts: w1 w3 w2
 _NVFP4_GLOBAL = 7e-5  # mean |e2m1| (2.25) x a typical block scale (128) x this = 0.02
+NVFP4_LAYOUTS = ("modelopt", "compressed-tensors")
 
 
-def _nvfp4_entries(name: str, shape) -> list:
-    """(name, safetensors dtype, shape, bytes) of a projection written as NVFP4 (ModelOpt names)."""
+def _nvfp4_entries(name: str, shape, layout: str = "modelopt") -> list:
+    """(name, safetensors dtype, shape, bytes) of a projection written as NVFP4 in `layout`'s names:
+    ModelOpt weight / weight_scale / weight_scale_2 (a scalar), compressed-tensors weight_packed /
+    weight_scale / weight_global_scale ([1], the inverse)."""
     n, k = shape
     module = name[: -len(".weight")]
-    return [(name, "U8", (n, k // 2), n * k // 2), (module + ".weight_scale", "F8_E4M3", (n, k // 16), n * k // 16),
-            (module + ".weight_scale_2", "F32", (), 4)]
+    if layout == "modelopt":
+        weight, glob, glob_shape = name, module + ".weight_scale_2", ()
+    else:
+        weight, glob, glob_shape = module + ".weight_packed", module + ".weight_global_scale", (1,)
+    return [(weight, "U8", (n, k // 2), n * k // 2), (module + ".weight_scale", "F8_E4M3", (n, k // 16), n * k // 16),
+            (glob, "F32", glob_shape, 4)]
+
+
+def _is_projection(name: str, shape) -> bool:
+    """A decoder-layer projection NVFP4 applies to: attention, dense MLP, each routed expert's, the
+    shared expert's. Not the routers (mlp.gate, block_sparse_moe.gate) nor shared_expert_gate."""
+    parts = name.split(".")
+    if len(shape) != 2 or not name.startswith("model.layers.") or len(parts) < 2 or parts[-1] != "weight":
+        return False
+    return parts[-2] in (_NVFP4_EXPERT_PROJECTIONS if "experts" in parts else _NVFP4_PROJECTIONS)
 
 
 def _is_nvfp4_projection(name: str, shape) -> bool:
-    parts = name.split(".")
-    return (len(shape) == 2 and name.startswith("model.layers.") and "experts" not in parts and
-            len(parts) >= 2 and parts[-2] in _NVFP4_PROJECTIONS and shape[1] % 32 == 0)
+    # inputs a multiple of 32: what the native kernels take (native/src/kernels/nvfp4.cu); the rest
+    # stay 16-bit and are listed in the exclusions
+    return _is_projection(name, shape) and shape[1] % 32 == 0
+
+
+def _nvfp4_exclusions(cfg: dict, shapes: list) -> list:
+    """Modules left 16-bit, as ModelOpt (exclude_modules) and llm-compressor (ignore) list them once
+    expanded: lm_head, every router, every shared-expert gate, and projections kept 16-bit."""
+    out = {"lm_head"}
+    for name, shp in shapes:
+        module, leaf = name.rsplit(".", 1)
+        if leaf != "weight":
+            continue
+        if module.endswith((".mlp.gate", ".block_sparse_moe.gate", ".mlp.shared_expert_gate")):
+            out.add(module)
+        elif _is_projection(name, shp) and not _is_nvfp4_projection(name, shp):
+            out.add(module)
+    return sorted(out)
 
 
 def _random_nvfp4(torch, name: str, dtype: str, shape, seed: int, index: int, device):
@@ -220,12 +257,38 @@ def _random_nvfp4(torch, name: str, dtype: str, shape, seed: int, index: int, de
         exponent = torch.randint(12, 15, shape, generator=gen, device=device, dtype=torch.int32)
         mantissa = torch.randint(0, 8, shape, generator=gen, device=device, dtype=torch.int32)
         return (exponent * 8 + mantissa).to(torch.uint8)
+    if name.endswith(".weight_global_scale"):       # compressed-tensors stores the divisor
+        return torch.tensor([1.0 / _NVFP4_GLOBAL], dtype=torch.float32)
     return torch.tensor(_NVFP4_GLOBAL, dtype=torch.float32)
+
+
+def tensor_entries(cfg: dict, dtype: str = "bf16", layout: str | None = None) -> tuple[list, set]:
+    """([(name, safetensors dtype, shape, bytes)] of the checkpoint, in file order; the names of the
+    NVFP4 codes and scales among them). `layout`: None (16-bit), "modelopt" or "compressed-tensors"."""
+    if layout is not None and layout not in NVFP4_LAYOUTS:
+        raise SystemExit(f"unknown NVFP4 layout {layout!r}; choose one of {', '.join(NVFP4_LAYOUTS)}")
+    st_dtype, itemsize = _DTYPES[dtype]
+    entries, packed = [], set()
+    for name, shp in tensor_shapes(cfg):
+        if layout and _is_nvfp4_projection(name, shp):
+            entries += _nvfp4_entries(name, shp, layout)
+            packed.update(e[0] for e in entries[-3:])
+        else:
+            entries.append((name, st_dtype, shp, math.prod(shp) * itemsize))
+    return entries, packed
+
+
+def nvfp4_quantization_config(cfg: dict, layout: str) -> dict:
+    """config.json's quantization_config for an NVFP4 checkpoint of `cfg` in `layout` (weight-only)."""
+    from ..quantize import _quantization_config
+
+    return _quantization_config(layout, _nvfp4_exclusions(cfg, tensor_shapes(cfg)))
 
 
 def write_checkpoint(shape: str, out: Path, seed: int = 0, dtype: str = "bf16", tokenizer: bool = False,
                      overrides: dict | None = None, device: str | None = None,
-                     tokenizer_from: Path | None = None, nvfp4: bool = False) -> Path:
+                     tokenizer_from: Path | None = None, nvfp4: bool | str = False) -> Path:
+    """`nvfp4`: False, True (ModelOpt) or a layout name ("modelopt", "compressed-tensors")."""
     import torch
 
     if shape not in SHAPES:
@@ -235,24 +298,18 @@ def write_checkpoint(shape: str, out: Path, seed: int = 0, dtype: str = "bf16", 
                bos_token_id=1, eos_token_id=2, hidden_act="silu")
     if tokenizer_from is not None:      # the embedding and head follow the real vocabulary
         cfg.update(_tokenizer_ids(Path(tokenizer_from)))
-    st_dtype, itemsize = _DTYPES[dtype]
     torch_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dtype]
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     out.mkdir(parents=True, exist_ok=True)
-    entries = []  # (name, safetensors dtype, shape, bytes)
-    for name, shp in tensor_shapes(cfg):
-        if nvfp4 and _is_nvfp4_projection(name, shp):
-            entries += _nvfp4_entries(name, shp)
-        else:
-            entries.append((name, st_dtype, shp, math.prod(shp) * itemsize))
-    if nvfp4:
-        from ..quantize import MODELOPT, _quantization_config
-
-        cfg["quantization_config"] = _quantization_config(MODELOPT, ["lm_head"])
-        with open(out / "hf_quant_config.json", "w") as f:
-            json.dump({"producer": {"name": "hearth-synth"}, "quantization": {
-                "quant_algo": "NVFP4", "kv_cache_quant_algo": None, "group_size": 16,
-                "exclude_modules": ["lm_head"]}}, f, indent=2)
+    layout = ("modelopt" if nvfp4 is True else nvfp4) if nvfp4 else None
+    entries, packed = tensor_entries(cfg, dtype, layout)
+    if layout:
+        cfg["quantization_config"] = nvfp4_quantization_config(cfg, layout)
+        if layout == "modelopt":
+            with open(out / "hf_quant_config.json", "w") as f:
+                json.dump({"producer": {"name": "hearth-synth"}, "quantization": {
+                    "quant_algo": "NVFP4", "kv_cache_quant_algo": None, "group_size": 16,
+                    "exclude_modules": cfg["quantization_config"]["exclude_modules"]}}, f, indent=2)
     # Split into shards of at most ~5 GB, as Hugging Face does.
     shards, current, size = [], [], 0
     for entry in entries:
@@ -278,7 +335,7 @@ def write_checkpoint(shape: str, out: Path, seed: int = 0, dtype: str = "bf16", 
             f.write(struct.pack("<Q", len(raw)))
             f.write(raw)
             for name, st, shp, _ in shard:
-                if st == st_dtype:
+                if name not in packed:
                     t = _random_tensor(torch, name, shp, seed, index, torch_dtype, device)
                 else:
                     t = _random_nvfp4(torch, name, st, shp, seed, index, device)
@@ -361,11 +418,13 @@ def main(argv=None) -> int:
     parser.add_argument("--tokenizer-from", type=Path, default=None,
                         help="copy this model folder's tokenizer and chat template (the vocabulary follows it)")
     parser.add_argument("--device", default=None, help="where to draw the weights (default: cuda if present)")
-    parser.add_argument("--nvfp4", action="store_true",
-                        help="the dense layers' projections as a ModelOpt NVFP4 checkpoint (random codes and scales)")
+    parser.add_argument("--nvfp4", nargs="?", const="modelopt", default=None, choices=NVFP4_LAYOUTS,
+                        help="the layer projections (experts and shared expert included; routers, embedding, "
+                             "lm_head and norms stay 16-bit) as an NVFP4 checkpoint with random codes and scales, "
+                             "in ModelOpt's layout (default) or compressed-tensors'")
     args = parser.parse_args(argv)
     path = write_checkpoint(args.shape, args.out, args.seed, args.dtype, args.tokenizer, device=args.device,
-                            tokenizer_from=args.tokenizer_from, nvfp4=args.nvfp4)
+                            tokenizer_from=args.tokenizer_from, nvfp4=args.nvfp4 or False)
     print(path)
     return 0
 
