@@ -332,6 +332,59 @@ def entry_raw(field, raw_value, suffix="q_proj.weight"):
     return header_edit(edit)
 
 
+def nvfp4_moe(edit=None, layout: str = "modelopt", shape: str = "tiny-qwen3-moe"):
+    """A tiny NVFP4 mixture-of-experts checkpoint written by engine.tools.synth --nvfp4 (the base is not
+    used), its tensors changed by edit(tensors) (names -> torch tensors, saved back as safetensors)."""
+    def build(base, out):
+        from engine.tools.synth import write_checkpoint
+
+        folder = write_checkpoint(shape, out / "model", seed=0, tokenizer=True, device="cpu", nvfp4=layout)
+        if edit is not None:
+            from safetensors.torch import load_file, save_file
+
+            tensors = load_file(str(folder / "model.safetensors"))
+            edit(tensors)
+            save_file(tensors, str(folder / "model.safetensors"))
+        return folder
+    return build
+
+
+_EXPERT = "model.layers.2.mlp.experts.3.down_proj"
+
+
+def _nvfp4_moe_edits() -> dict:
+    """name -> edit(tensors); torch is imported only when a case is built (in the worker)."""
+    def pop(name):
+        return lambda t: t.pop(name)
+
+    def replace(name, fn):
+        def edit(t):
+            import torch
+
+            t[name] = fn(torch, t[name])
+        return edit
+
+    def packed_router(t):       # the router stored as NVFP4 codes and scales, as no real checkpoint does
+        import torch
+
+        t["model.layers.0.mlp.gate.weight"] = torch.zeros(8, 32, dtype=torch.uint8)
+        t["model.layers.0.mlp.gate.weight_scale"] = torch.ones(8, 4).to(torch.float8_e4m3fn)
+        t["model.layers.0.mlp.gate.weight_scale_2"] = torch.tensor(1e-4)
+
+    return {
+        "no-block-scale": pop(f"{_EXPERT}.weight_scale"),
+        "no-global-scale": pop(f"{_EXPERT}.weight_scale_2"),
+        "block-scale-shape": replace(f"{_EXPERT}.weight_scale", lambda torch, x: x[:, :1].contiguous()),
+        "block-scale-f32": replace(f"{_EXPERT}.weight_scale", lambda torch, x: x.float()),
+        "global-scale-zero": replace(f"{_EXPERT}.weight_scale_2", lambda torch, x: torch.zeros(())),
+        "global-scale-nan": replace(f"{_EXPERT}.weight_scale_2", lambda torch, x: torch.tensor(float("nan"))),
+        "expert-rows": replace(f"{_EXPERT}.weight", lambda torch, x: x[:32].contiguous()),
+        "expert-bf16-beside-scales": replace(f"{_EXPERT}.weight",
+                                             lambda torch, x: torch.zeros(64, 32, dtype=torch.bfloat16)),
+        "router-packed": packed_router,
+    }
+
+
 def sharded(mutate=None):
     """The base split into two shards with an index; mutate(folder, index) breaks it."""
     def build(base, out):
@@ -454,6 +507,14 @@ def _st_cases() -> list:
     add("hf-quant-config-a-list", file_text("hf_quant_config.json", {"quantization": [1]}))
     add("hf-quant-config-kv-a-number", file_text("hf_quant_config.json", {"quantization": {
         "quant_algo": "NVFP4", "kv_cache_quant_algo": 8}}))
+    # NVFP4 mixture of experts (expert scales missing, misshapen, of the wrong type or value; a packed router)
+    add("nvfp4-moe-base", nvfp4_moe(), must_fail=False)
+    add("nvfp4-moe-ct-base", nvfp4_moe(layout="compressed-tensors", shape="tiny-qwen2-moe"), must_fail=False)
+    for name, edit in _nvfp4_moe_edits().items():
+        add("nvfp4-moe-" + name, nvfp4_moe(edit))
+    add("nvfp4-moe-ct-no-shared-global-scale", nvfp4_moe(
+        lambda t: t.pop("model.layers.1.mlp.shared_expert.up_proj.weight_global_scale"),
+        layout="compressed-tensors", shape="tiny-qwen2-moe"))
     # safetensors header and data
     add("weights-4-bytes", raw_file(b"\x01\x02\x03\x04"))
     add("weights-empty", raw_file(b""))
