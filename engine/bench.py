@@ -218,15 +218,33 @@ def bench_cuda(path: str, tokens: int, bandwidth: float, max_batch: int, precisi
                "graph_buckets": runner.graph_buckets(), "gemm_backend": mem["gemm_backend"]}
         row.update(bench_runner(runner, info.decoder.vocab_size, tokens,
                                 [b for b in AGG_BATCHES if b <= max_batch], peak))
-        row["roofline_tok_s"] = bandwidth / mem["weight_bytes"]
+        row["read_bytes_per_token"] = _bytes_read_per_token(info, mem["weight_bytes"])
+        row["roofline_tok_s"] = bandwidth / row["read_bytes_per_token"]
         row["roofline_fraction"] = row["decode_tok_s"] / row["roofline_tok_s"]
         row["peak_gpu_gb"] = peak.peak / 1e9
         row["kv_gb"] = mem["kv_bytes"] / 1e9
     finally:
         runner.close()
-    if precision == "fast":
+    if precision == "fast" and not info.decoder.is_moe:
         row.update(projection_bound(info))
     return row
+
+
+def _bytes_read_per_token(info, weight_bytes: int) -> int:
+    """What one decode step of one sequence must read: every resident weight byte, except, in a
+    mixture-of-experts layer, the experts the token does not route to (E - k of E, on average the
+    same bytes whichever k it picks)."""
+    d = info.decoder
+    if not d.is_moe:
+        return int(weight_bytes)
+    skipped = 0
+    for i, layer in enumerate(info.catalog.layers):
+        if not d.moe.is_moe_layer(i):
+            continue
+        experts = sum(t.bytes for e in layer.experts.values() for t in e.values())
+        experts += sum(t.bytes for e in layer.expert_scales.values() for t in e.values())
+        skipped += experts * (d.moe.num_experts - d.moe.top_k) // d.moe.num_experts
+    return int(weight_bytes - skipped)
 
 
 def bench_torch(path: str, tokens: int) -> dict:

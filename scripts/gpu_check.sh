@@ -37,6 +37,15 @@ if [[ $STEP == all || $STEP == test || $STEP == bench ]]; then
   for shape in ${HEARTH_NVFP4_SHAPES-llama3.2-1b llama3.1-8b}; do
     [[ -f $MODELS/$shape-nvfp4/config.json ]] || python3 -m engine.tools.synth --shape "$shape" --nvfp4 --out "$MODELS/$shape-nvfp4" >>"$OUT/synth.log" 2>&1
   done
+  # HEARTH_MOE_SHAPES: mixture-of-experts checkpoints for the bench, "<shape>" (bf16, at $MODELS/<shape>)
+  # or "<shape>:nvfp4" (at $MODELS/<shape>-nvfp4). Qwen3-30B-A3B in NVFP4 is 18 GB of the 64 GB disk.
+  moe_dirs=()
+  for spec in ${HEARTH_MOE_SHAPES-qwen3-30b-a3b:nvfp4}; do
+    shape=${spec%%:*}
+    if [[ $spec == *:nvfp4 ]]; then dir=$MODELS/$shape-nvfp4; flag=(--nvfp4); else dir=$MODELS/$shape; flag=(); fi
+    [[ -f $dir/config.json ]] || python3 -m engine.tools.synth --shape "$shape" "${flag[@]}" --out "$dir" >>"$OUT/synth.log" 2>&1
+    moe_dirs+=(--model "$dir")
+  done
 fi
 
 if [[ $STEP == all || $STEP == test ]]; then
@@ -67,6 +76,13 @@ if [[ $STEP == all || $STEP == bench ]]; then
       "${model_args[@]}" >"$OUT/bench_nvfp4.log" 2>&1
     summary+=("bench nvfp4 rc=$?")
     grep -v '^{' "$OUT/bench_nvfp4.log" | tail -12
+  fi
+  # The mixture-of-experts checkpoints (the roofline counts the experts a token reads).
+  if [[ ${#moe_dirs[@]} -gt 0 ]]; then
+    HEARTH_NATIVE_MOE=1 timeout "${HEARTH_BENCH_MOE_TIMEOUT:-200}" python3 -m engine.bench --tokens 128 --json "$OUT/bench_moe.json" \
+      "${moe_dirs[@]}" >"$OUT/bench_moe.log" 2>&1
+    summary+=("bench moe rc=$?")
+    grep -v '^{' "$OUT/bench_moe.log" | tail -12
   fi
 fi
 

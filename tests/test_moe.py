@@ -272,12 +272,52 @@ def test_bfloat16_moe_compute_is_close(synth):
     assert _rel(bf16, fp32) < 3e-2
 
 
-def test_cuda_native_refuses_moe_with_a_reason(synth):
+def test_cuda_native_moe_is_opt_in_until_measured_on_a_gpu(synth, monkeypatch):
+    from engine.backends import cuda_native
+
+    monkeypatch.delenv(cuda_native.NATIVE_MOE_SWITCH, raising=False)
+    info = inspect(synth("tiny-qwen3-moe"))
+    with pytest.raises(errors.UnsupportedArchitecture, match="mixture-of-experts.*--backend torch.*HEARTH_NATIVE_MOE=1"):
+        cuda_native.load_runner(info, info.plan, RunnerOptions(context_length=64))
+
+
+def test_cuda_native_refuses_an_moe_it_cannot_run_with_its_reason(synth):
+    from dataclasses import replace
+
     from engine.backends import cuda_native
 
     info = inspect(synth("tiny-mixtral"))
-    with pytest.raises(errors.UnsupportedArchitecture, match="mixture-of-experts.*--backend torch"):
-        cuda_native.load_runner(info, info.plan, RunnerOptions(context_length=64))
+    wide = replace(info, decoder=replace(info.decoder, moe=replace(info.decoder.moe, num_experts=64, top_k=40)))
+    with pytest.raises(errors.UnsupportedArchitecture, match="40 experts \\(at most 32\\).*--backend torch"):
+        cuda_native.load_runner(wide, wide.plan, RunnerOptions(context_length=64))
+
+
+@pytest.mark.parametrize("shape", ["tiny-qwen3-moe", "tiny-qwen2-moe", "tiny-mixtral", "tiny-olmoe"])
+def test_cuda_native_maps_every_moe_tensor_once_and_plans_its_bytes(synth, shape, monkeypatch):
+    """Every checkpoint tensor lands in exactly one native slot (experts by offset into the stacked
+    slots), and the native memory plan's weights are those bytes plus the 256-byte piece alignment."""
+    from engine import _native
+    from engine.backends import cuda_native
+
+    monkeypatch.setenv(cuda_native.NATIVE_MOE_SWITCH, "1")
+
+    # head size 32 where the tiny shape's 64 / 4 heads would give 16 (the engine's sizes start at 32)
+    info = inspect(synth(shape, **({} if shape == "tiny-qwen3-moe" else {"hidden_size": 128})))
+    placements = cuda_native._placements(info)
+    names = [t.name for _, _, t, _ in placements]
+    tensors = list(info.catalog.globals.values()) + [t for layer in info.catalog.layers for t in layer.roles.values()]
+    tensors += [t for layer in info.catalog.layers for e in layer.experts.values() for t in e.values()]
+    assert sorted(names) == sorted(t.name for t in tensors)
+    config = cuda_native._model_config(info)
+    assert config["moe_layers"] == [int(info.decoder.moe.is_moe_layer(i)) for i in range(info.decoder.num_layers)]
+    assert config["qk_norm_whole"] == (shape == "tiny-olmoe")
+    if not hasattr(_native, "plan_memory"):
+        pytest.skip("this build of the extension has no CUDA runtime (no memory plan)")
+    plan = _native.plan_memory(config, cuda_native._cache_config(256, 16, 4, 16))
+    loaded = sum(t.numel * 2 for t in tensors)                        # resident in 16 bits
+    pieces = len(info.catalog.globals) + sum(3 + len(layer.roles) for layer in info.catalog.layers)
+    assert loaded <= plan["weight_bytes"] <= loaded + 256 * pieces
+    assert plan["workspace"]["moe_outputs"] > 0 and plan["workspace"]["moe_tiles"] > 0
 
 
 def test_cli_inspect_shows_the_moe_plan(synth, capsys):

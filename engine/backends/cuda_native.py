@@ -32,6 +32,7 @@ _LAYER_ROLES = {
     "o": ("wo", None), "gate": ("wgu", 0), "up": ("wgu", 1), "down": ("wdown", None),
 }
 _cublas_preloaded = False
+NATIVE_MOE_SWITCH = "HEARTH_NATIVE_MOE"
 
 
 def _native():
@@ -91,13 +92,32 @@ def _preload_cublaslt() -> None:
 
 
 def refuse_unsupported(info: CheckpointInfo) -> None:
-    """What the native engine cannot run yet, refused before any GPU work (also where no GPU is)."""
-    if info.decoder.is_moe:
-        # The torch reference runs every MoE family (engine/moe.py); the native MoE block is not written yet.
-        what = info.plan.block if info.plan is not None else "mixture of experts"
-        raise UnsupportedArchitecture(
-            f"The cuda-native backend does not run mixture-of-experts models yet ({what}). "
-            "Load this model with the torch backend (--backend torch), which runs it on the CPU.")
+    """What the native engine cannot run, refused before any GPU work (also where no GPU is)."""
+    d = info.decoder
+    if d.is_moe:
+        moe = d.moe
+        if moe.unsupported:
+            raise UnsupportedArchitecture(moe.unsupported)
+        problems = []
+        if d.hidden_size % 16 or moe.expert_intermediate_size % 16 or moe.shared_expert_intermediate_size % 16:
+            problems.append(f"hidden size {d.hidden_size} and expert sizes {moe.expert_intermediate_size}"
+                            + (f" / {moe.shared_expert_intermediate_size}" if moe.has_shared_expert else "")
+                            + " must be multiples of 16")
+        if moe.top_k > 32:
+            problems.append(f"it routes each token to {moe.top_k} experts (at most 32)")
+        if moe.num_experts > 4096:
+            problems.append(f"it has {moe.num_experts} experts (at most 4,096)")
+        if problems:
+            raise UnsupportedArchitecture(
+                "The cuda-native backend cannot run this mixture-of-experts model: " + "; ".join(problems)
+                + ". Load it with the torch backend (--backend torch).")
+        # Scaffolding until tests/cuda/test_moe_cuda.py has passed on a GPU: the native MoE block
+        # (native/src/kernels/moe.cu) is opt-in so no one gets unmeasured output by default.
+        if os.environ.get(NATIVE_MOE_SWITCH) != "1":
+            raise UnsupportedArchitecture(
+                "The cuda-native backend's mixture-of-experts block is new and not yet validated on a GPU. "
+                "Load this model with the torch backend (--backend torch), or set "
+                f"{NATIVE_MOE_SWITCH}=1 to try the native block.")
 
 
 def _nvfp4_layers(info: CheckpointInfo):
@@ -108,8 +128,22 @@ def _nvfp4_layers(info: CheckpointInfo):
     from ..nvfp4_checkpoint import PROJECTIONS, check_runnable
 
     layers = check_runnable(info)
+    d = info.decoder
     for i, roles in enumerate(layers.layers):
-        missing = [r for r in PROJECTIONS if r not in roles]
+        routes = d.is_moe and d.moe.is_moe_layer(i)
+        wanted = [r for r in PROJECTIONS if not (routes and r in ("gate", "up", "down"))]
+        if routes:
+            experts = (getattr(layers, "experts", None) or [{}] * len(layers.layers))[i]
+            short = [e for e in range(d.moe.num_experts)
+                     if any(r not in experts.get(e, {}) for r in ("gate", "up", "down"))]
+            if short:
+                raise UnsupportedTensorType(
+                    f"Layer {i} keeps expert {short[0]} in 16 bits beside NVFP4 projections; the cuda-native "
+                    "backend runs NVFP4 on every layer projection and expert or on none. The torch backend "
+                    "runs this model (--backend torch).")
+            if d.moe.has_shared_expert:
+                wanted += ["shared_gate", "shared_up", "shared_down"]
+        missing = [r for r in wanted if r not in roles]
         if missing:
             raise UnsupportedTensorType(
                 f"Layer {i} keeps {', '.join(missing)} in 16 bits beside NVFP4 projections; the cuda-native "
@@ -131,7 +165,13 @@ def _model_config(info: CheckpointInfo, precision: str = "fast") -> dict:
         "tied_embeddings": "lm_head" not in info.catalog.globals,
         "qkv_bias": bool(d.attention_bias), "qk_norm": bool(d.qk_norm), "precision": precision,
         "nvfp4": _nvfp4_layers(info) is not None,
+        "qk_norm_whole": bool(getattr(d, "qk_norm_whole_projection", False)),
     }
+    if d.is_moe:
+        moe = d.moe
+        config.update(moe_experts=moe.num_experts, moe_top_k=moe.top_k, moe_inter=moe.expert_intermediate_size,
+                      moe_shared_inter=moe.shared_expert_intermediate_size, moe_normalize=bool(moe.normalize_top_k),
+                      moe_layers=[1 if moe.is_moe_layer(i) else 0 for i in range(d.num_layers)])
     scaling = d.rope_scaling or {}
     kind = scaling.get("rope_type") or scaling.get("type") or "default"
     if kind == "llama3":
@@ -196,6 +236,11 @@ def _placements(info: CheckpointInfo, nvfp4_layers=None):
             elif slot == "wgu":
                 offset = part * I * H
             out.append((slot, i, t, offset))
+    if d.is_moe:
+        from ..moe import moe_placements
+
+        packed = {"moe_gate_up", "moe_down", "moe_shared_gate_up", "moe_shared_down"}
+        out += [p for p in moe_placements(d, cat) if nvfp4_layers is None or p[0] not in packed]
     return out
 
 
@@ -222,8 +267,10 @@ class CudaRunner(ModelRunner):
         _preload_cublaslt()
         total = sum(p[2].bytes for p in placements)
         if nvfp4_layers is not None:
-            total += sum(e.weight.bytes + e.block_scale.bytes + e.global_scale.bytes
-                         for layer in nvfp4_layers.layers for e in layer.values())
+            entries = [e for layer in nvfp4_layers.layers for e in layer.values()]
+            entries += [e for layer in getattr(nvfp4_layers, "experts", None) or []
+                        for expert in layer.values() for e in expert.values()]
+            total += sum(e.weight.bytes + e.block_scale.bytes + e.global_scale.bytes for e in entries)
         counter = ByteCounter(progress, LOADING_WEIGHTS, total)
         counter.start("allocating GPU memory")
         try:
@@ -262,13 +309,37 @@ class CudaRunner(ModelRunner):
         with TensorReader(info) as reader:
             for i, roles in enumerate(layers.layers):
                 tensors = read_layer(reader, roles, counter.advance)
+                routes = info.decoder.is_moe and info.decoder.moe.is_moe_layer(i)
                 for slot, parts in slots.items():
+                    if routes and slot in ("wgu", "wdown"):
+                        continue
                     group = [tensors[r] for r in parts]
                     codes = np.concatenate([t.packed for t in group]) if len(group) > 1 else group[0].packed
                     scales = (np.concatenate([t.block_scales for t in group]) if len(group) > 1
                               else group[0].block_scales)
                     self._model.load_nvfp4(getattr(self._native.Slot, slot), i, codes, scales,
                                            float(group[0].global_scale))
+                if routes:
+                    self._load_nvfp4_experts(reader, layers, i, tensors, counter)
+
+    def _load_nvfp4_experts(self, reader, layers, i: int, tensors: dict, counter: ByteCounter) -> None:
+        """Layer i's NVFP4 experts (gate and up of each on one global scale: nvfp4_checkpoint.read_experts)
+        and its shared expert (read_layer fused its gate / up), each copied packed into its slot."""
+        from ..nvfp4_checkpoint import read_experts
+
+        def put(slot, e, parts):
+            codes = np.concatenate([t.packed for t in parts]) if len(parts) > 1 else parts[0].packed
+            scales = np.concatenate([t.block_scales for t in parts]) if len(parts) > 1 else parts[0].block_scales
+            self._model.load_nvfp4_expert(getattr(self._native.Slot, slot), i, e, codes, scales,
+                                          float(parts[0].global_scale))
+
+        experts = read_experts(reader, layers.experts[i], counter.advance)
+        for e in range(self.decoder.moe.num_experts):
+            put("moe_gate_up", e, [experts[e]["gate"], experts[e]["up"]])
+            put("moe_down", e, [experts[e]["down"]])
+        if self.decoder.moe.has_shared_expert:
+            put("moe_shared_gate_up", 0, [tensors["shared_gate"], tensors["shared_up"]])
+            put("moe_shared_down", 0, [tensors["shared_down"]])
 
     # ----------------------------------------------------------------------------- helpers
     def _m(self):

@@ -45,6 +45,13 @@ hearth::ModelConfig model_config(const py::dict& d) {
   c.qkv_bias = get<bool>(d, "qkv_bias", false);
   c.qk_norm = get<bool>(d, "qk_norm", false);
   c.nvfp4 = get<bool>(d, "nvfp4", false);
+  c.qk_norm_whole = get<bool>(d, "qk_norm_whole", false);
+  c.moe_experts = get<int>(d, "moe_experts", 0);
+  c.moe_top_k = get<int>(d, "moe_top_k", 0);
+  c.moe_inter = get<int>(d, "moe_inter", 0);
+  c.moe_shared_inter = get<int>(d, "moe_shared_inter", 0);
+  c.moe_normalize = get<bool>(d, "moe_normalize", false);
+  c.moe_layers = get<std::vector<uint8_t>>(d, "moe_layers", {});
   const std::string precision = get<std::string>(d, "precision", "fast");
   if (precision != "fast" && precision != "exact")
     throw std::invalid_argument("precision must be 'fast' or 'exact', not '" + precision + "'");
@@ -121,7 +128,11 @@ void bind_runtime(py::module_& m) {
       .value("wqkv", hearth::Slot::Wqkv).value("bqkv", hearth::Slot::Bqkv)
       .value("q_norm", hearth::Slot::QNorm).value("k_norm", hearth::Slot::KNorm)
       .value("wo", hearth::Slot::Wo).value("mlp_norm", hearth::Slot::MlpNorm)
-      .value("wgu", hearth::Slot::Wgu).value("wdown", hearth::Slot::Wdown);
+      .value("wgu", hearth::Slot::Wgu).value("wdown", hearth::Slot::Wdown)
+      .value("moe_router", hearth::Slot::MoeRouter).value("moe_shared_expert_gate", hearth::Slot::MoeSharedGate)
+      .value("moe_gate_up", hearth::Slot::MoeGateUp).value("moe_down", hearth::Slot::MoeDown)
+      .value("moe_shared_gate_up", hearth::Slot::MoeSharedGateUp)
+      .value("moe_shared_down", hearth::Slot::MoeSharedDown);
 
   using hearth::Model;
   using release = py::call_guard<py::gil_scoped_release>;
@@ -149,6 +160,19 @@ void bind_runtime(py::module_& m) {
            },
            py::arg("slot"), py::arg("layer"), py::arg("codes"), py::arg("block_scales"),
            py::arg("global_scale"))
+      .def("load_nvfp4_expert",
+           [](Model& self, hearth::Slot slot, int layer, int expert,
+              py::array_t<uint8_t, py::array::c_style | py::array::forcecast> codes,
+              py::array_t<uint8_t, py::array::c_style | py::array::forcecast> block_scales,
+              float global_scale) {
+             const uint8_t* c = codes.data();
+             const uint8_t* s = block_scales.data();
+             const int64_t cb = codes.nbytes(), sb = block_scales.nbytes();
+             py::gil_scoped_release unlocked;
+             self.load_nvfp4_expert(slot, layer, expert, c, cb, s, sb, global_scale);
+           },
+           py::arg("slot"), py::arg("layer"), py::arg("expert"), py::arg("codes"),
+           py::arg("block_scales"), py::arg("global_scale"))
       .def("finish_load", &Model::finish_load, release())
       .def("allocate_sequence", &Model::allocate_sequence)
       .def("release_sequence", &Model::release_sequence)
@@ -253,6 +277,36 @@ void bind_runtime(py::module_& m) {
   k.def("bf16_to_f16_inplace", &c::bf16_to_f16_inplace, release());
   k.def("convert_to_bf16", &c::convert_to_bf16, release());
   k.def("gemv_seconds", &c::gemv_seconds, release());
+  k.def("moe_block", [](const py::dict& d) {
+    auto pointers = [](const py::dict& e) {
+      c::MoeExpertPointers p;
+      p.gate_up = get<uintptr_t>(e, "gate_up", 0);
+      p.down = get<uintptr_t>(e, "down", 0);
+      p.gate_up_block_scales = get<uintptr_t>(e, "gate_up_block_scales", 0);
+      p.down_block_scales = get<uintptr_t>(e, "down_block_scales", 0);
+      p.gate_up_scales = get<uintptr_t>(e, "gate_up_scales", 0);
+      p.down_scales = get<uintptr_t>(e, "down_scales", 0);
+      return p;
+    };
+    c::MoeCheck m;
+    m.path = d["path"].cast<std::string>();
+    m.x = d["x"].cast<uintptr_t>();
+    m.resid = d["resid"].cast<uintptr_t>();
+    m.router = d["router"].cast<uintptr_t>();
+    m.rows = d["rows"].cast<int>();
+    m.hidden = d["hidden"].cast<int>();
+    m.experts = d["experts"].cast<int>();
+    m.top_k = d["top_k"].cast<int>();
+    m.inter = d["inter"].cast<int>();
+    m.shared_inter = get<int>(d, "shared_inter", 0);
+    m.normalize = get<bool>(d, "normalize", false);
+    m.split = get<bool>(d, "split", false);
+    m.nvfp4 = get<bool>(d, "nvfp4", false);
+    m.routed = pointers(d["routed"].cast<py::dict>());
+    if (m.shared_inter > 0) m.shared = pointers(d["shared"].cast<py::dict>());
+    py::gil_scoped_release unlocked;
+    return c::moe_block(m);
+  }, py::arg("spec"));
   k.def("sample", [](uintptr_t logits, int rows, int vocab, const py::list& reqs) {
     auto requests = sample_requests(reqs);
     py::gil_scoped_release unlocked;

@@ -201,6 +201,51 @@ const char* gemm_backend_name();
 WeightView launch_nvfp4_expand(const WeightView& w, int n, int k, void* out, bool to_fp16,
                                cudaStream_t stream);
 
+// moe.cu: the mixture-of-experts block (a layer's feed-forward when it routes; engine/moe.py).
+// One layer's experts: gate_up [experts, 2 * inter, hidden] (expert e's gate rows, then its up
+// rows) and down [experts, hidden, inter], both bf16 or both NVFP4 (codes and block scales as a
+// projection's, experts stacked); an NVFP4 expert's global scale is gate_up_scales[e] /
+// down_scales[e] (device arrays), else the view's scale. The shared expert is one expert of its own.
+struct MoeExperts {
+  WeightView gate_up, down;
+  const float* gate_up_scales = nullptr;
+  const float* down_scales = nullptr;
+  int experts = 0, inter = 0, hidden = 0;
+};
+constexpr int kMoeTileRows = 64;  // sorted rows per grouped-GEMM tile
+bool moe_shape_supported(int hidden, int inter);  // multiples of 16
+// logits [rows, n] fp32 = x [rows, k] @ w [n, k]^T (bf16 router rows; k a multiple of 8).
+void launch_moe_router(const float* x, const bf16* w, float* logits, int rows, int n, int k,
+                       cudaStream_t stream);
+// Per row of logits [rows, stride]: softmax over the first `experts`, the top_k (<= 32) largest
+// (ties: the lower expert), renormalised when asked: pair t * top_k + j gets its expert and weight.
+void launch_moe_top_k(const float* logits, int rows, int stride, int experts, int top_k,
+                      bool normalize, int32_t* pair_expert, float* pair_weight, cudaStream_t stream);
+// Few rows: one warp per output, reading only the chosen experts. gate_up: out = act [pairs, inter]
+// = silu(x[p / top_k] . gate_e) * (x[p / top_k] . up_e); else out = y [pairs, hidden] = x[p] . down_e
+// (x = act). pair_expert nullptr: expert 0 for every pair (the shared expert).
+void launch_moe_expert_gemv(const float* x, const MoeExperts& ex, const int32_t* pair_expert,
+                            int pairs, int top_k, bool gate_up, float* out, cudaStream_t stream);
+// Many rows: the pairs sorted by expert (sorted[position] = pair) and cut into tiles of
+// kMoeTileRows (tiles[0] = count, then expert, first position, rows per tile), on the device;
+// moe_max_tiles bounds the count (the grouped GEMM's grid).
+int moe_max_tiles(int pairs, int experts);
+void launch_moe_sort(const int32_t* pair_expert, int pairs, int experts, int32_t* sorted,
+                     int32_t* tiles, cudaStream_t stream);
+// The grouped tensor-core GEMM over the sorted tiles (bf16 operands; split: the activation as bf16
+// hi + lo, two products). gate_up: x the rows pairs were cut from (row sorted[pos] / top_k),
+// out = act [pairs, inter] by sorted position; else x = act by sorted position and out = y
+// [pairs, hidden] by pair.
+void launch_moe_grouped(const float* x, const MoeExperts& ex, const int32_t* sorted,
+                        const int32_t* tiles, int max_tiles, int top_k, bool gate_up, bool split,
+                        float* out, cudaStream_t stream);
+// resid[t] += sum_j pair_weight[t, j] * y[t * top_k + j] (+ sigmoid(shared_logit[t * stride]) *
+// shared_y[t] where shared_y is given); with sum_squares, each new row's sum of squares (the
+// partials a GemvNorm reads, count 1).
+void launch_moe_combine(float* resid, const float* y, const float* pair_weight, int rows,
+                        int top_k, int hidden, const float* shared_y, const float* shared_logit,
+                        int logit_stride, float* sum_squares, cudaStream_t stream);
+
 // convert.cu: hi = bf16(x), lo = bf16(x - hi) (the two operands of an fp32 activation).
 void launch_split_bf16(const float* x, bf16* hi, bf16* lo, int64_t count, cudaStream_t stream);
 // convert.cu: dst[i] = bf16(src[i]) from fp16 (src_dtype 1) or fp32 (src_dtype 2).

@@ -2,7 +2,9 @@
 // pool, batch, chunk; Precision). Plain data, filled from Python (bindings.cpp).
 #pragma once
 #include <cstddef>
+#include <cstdint>
 #include <string>
+#include <vector>
 
 namespace hearth {
 
@@ -25,6 +27,23 @@ struct ModelConfig {
   // The layer projections (q/k/v, o, gate/up, down) are NVFP4 (weight-only: codes and scales stay
   // packed on the GPU); the embedding, lm_head and norms stay 16-bit.
   bool nvfp4 = false;
+  // OLMoE: the q / k norms span the whole projection (weights [q size] and [kv size]), not a head.
+  bool qk_norm_whole = false;
+  // Mixture of experts (engine/moe.py): layer l routes when moe_layers[l] (the others are dense
+  // SwiGLU MLPs of `intermediate`); moe_experts experts of moe_inter, moe_top_k per token, their
+  // weights renormalised when moe_normalize; a sigmoid-gated shared expert of moe_shared_inter
+  // (Qwen2-MoE) where > 0. Experts are bf16 in both precisions, NVFP4 with `nvfp4`.
+  int moe_experts = 0, moe_top_k = 0, moe_inter = 0, moe_shared_inter = 0;
+  bool moe_normalize = false;
+  std::vector<uint8_t> moe_layers;
+  bool routes(int layer) const {
+    return moe_experts > 0 && layer < (int)moe_layers.size() && moe_layers[layer];
+  }
+  bool has_dense_layers() const {
+    for (int l = 0; l < layers; ++l)
+      if (!routes(l)) return true;
+    return false;
+  }
 };
 
 struct CacheConfig {

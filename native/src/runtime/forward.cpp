@@ -1,6 +1,6 @@
 // The layer pipeline: embedding -> per layer an attention block (norm, fused qkv, [bias], [q/k
 // norm], rope + KV write, paged attention, o) then a feed-forward block (norm, fused gate/up,
-// SwiGLU, down) -> final norm -> logits.
+// SwiGLU, down; or the mixture-of-experts block where the layer routes) -> final norm -> logits.
 //
 // The layer loop names blocks; blocks name projections with their prologue (the RMSNorm of the
 // residual stream) and epilogue (rope, SwiGLU, the residual add); the projection picks its kernels
@@ -12,8 +12,10 @@
 //   - Gemm (more rows): the RMSNorm kernel writes the product's input (fp32 for exact, the scaled
 //     fp16 operand for fast), cuBLASLt multiplies, separate rope / SwiGLU kernels follow. A
 //     residual projection leaves its output for the next norm to add.
-// A new feed-forward kind (mixture of experts) is one more block beside feed_forward_block; a new
-// weight format is one more WeightFormat the projections dispatch on.
+// A feed-forward kind is a block: feed_forward_block (dense SwiGLU) or moe_block (mixture of
+// experts, moe.cu: router, top-k, expert GEMVs for few rows or a sorted grouped GEMM for many,
+// the weighted sum added into the residual stream); a new weight format is one more WeightFormat
+// the projections (and the expert kernels) dispatch on.
 #include <cmath>
 
 #include "model.h"
@@ -116,7 +118,10 @@ Model::Activation Model::project_normed(const Pass& pass, Residual& res, const b
   }
   if (rope) {
     if (rope->bias) launch_add_bias(out, rope->bias, rows, qkv_size_, stream_);
-    if (rope->q_norm) {
+    if (rope->q_norm && cfg_.qk_norm_whole) {  // OLMoE: one norm over all of q, one over all of k
+      launch_head_rmsnorm(out, rows, qkv_size_, 0, 1, q_size_, rope->q_norm, eps, stream_);
+      launch_head_rmsnorm(out, rows, qkv_size_, q_size_, 1, kv_size_, rope->k_norm, eps, stream_);
+    } else if (rope->q_norm) {
       const int hd = cfg_.head_dim;
       launch_head_rmsnorm(out, rows, qkv_size_, 0, cfg_.heads, hd, rope->q_norm, eps, stream_);
       launch_head_rmsnorm(out, rows, qkv_size_, q_size_, cfg_.kv_heads, hd, rope->k_norm, eps, stream_);
@@ -192,6 +197,39 @@ void Model::feed_forward_block(const Pass& pass, Residual& res, int layer) {
   project_into_residual(pass, res, lw.down, hidden);
 }
 
+void Model::run_experts(const Pass& pass, const MoeExperts& ex, const int32_t* pair_expert, int pairs,
+                        int top_k, float* y) {
+  if (pass.T <= kGemvMaxRows) {  // decode: read only the chosen experts' rows
+    launch_moe_expert_gemv(xn_, ex, pair_expert, pairs, top_k, true, moe_act_, stream_);
+    launch_moe_expert_gemv(moe_act_, ex, pair_expert, pairs, 1, false, y, stream_);
+    return;
+  }
+  const int max_tiles = moe_max_tiles(pairs, ex.experts);
+  launch_moe_sort(pair_expert, pairs, ex.experts, moe_sorted_, moe_tiles_, stream_);
+  launch_moe_grouped(xn_, ex, moe_sorted_, moe_tiles_, max_tiles, top_k, true, !pass.fast, moe_act_, stream_);
+  launch_moe_grouped(moe_act_, ex, moe_sorted_, moe_tiles_, max_tiles, 1, false, !pass.fast, y, stream_);
+}
+
+void Model::moe_block(const Pass& pass, Residual& res, int layer) {
+  const LayerWeights& lw = weights_.layers[layer];
+  const int T = pass.T, H = cfg_.hidden, E = cfg_.moe_experts, K = cfg_.moe_top_k;
+  const bool shared = cfg_.moe_shared_inter > 0;
+  const int stride = (int)moe_router_rows(cfg_);  // the experts' logits, then the shared gate's
+  launch_rmsnorm_residual(resid_, res.delta, lw.mlp_norm, xn_, T, H, cfg_.rms_eps, stream_,
+                          res.delta_row_scale);
+  res.delta = nullptr, res.delta_row_scale = nullptr;
+  launch_moe_router(xn_, lw.router, moe_logits_, T, stride, H, stream_);
+  launch_moe_top_k(moe_logits_, T, stride, E, K, cfg_.moe_normalize, moe_pair_experts_,
+                   moe_pair_weights_, stream_);
+  run_experts(pass, lw.experts, moe_pair_experts_, T * K, K, moe_y_);
+  if (shared) run_experts(pass, lw.shared, nullptr, T, 1, moe_shared_y_);
+  // The fused GEMV path's next norm reads each row's sum of squares (count 1).
+  launch_moe_combine(resid_, moe_y_, moe_pair_weights_, T, K, H, shared ? moe_shared_y_ : nullptr,
+                     moe_logits_ + E, stride, pass.path == RowPath::GemvFused ? norm_parts_ : nullptr,
+                     stream_);
+  res.norm_count = 1;
+}
+
 void Model::run_layers(int T, int table_stride, bool decode_mode, int logit_first, int logit_count) {
   const int H = cfg_.hidden, I = cfg_.intermediate;
   const bool gemv_shapes = H % 8 == 0 && q_size_ % 8 == 0 && I % 8 == 0;
@@ -216,7 +254,11 @@ void Model::run_layers(int T, int table_stride, bool decode_mode, int logit_firs
   Residual res;
   for (int l = 0; l < cfg_.layers; ++l) {
     attention_block(pass, res, l);
-    feed_forward_block(pass, res, l);
+    if (cfg_.routes(l)) {
+      moe_block(pass, res, l);
+    } else {
+      feed_forward_block(pass, res, l);
+    }
   }
   if (logit_count == 0) return;
   project_normed(pass, res, weights_.final_norm, weights_.final_norm_scale, weights_.lm_head,

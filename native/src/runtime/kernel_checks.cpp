@@ -1,6 +1,8 @@
 // Kernel test entry points: pointer casts, one launcher, a synchronize. No math.
 #include "kernel_checks.h"
 
+#include <algorithm>
+
 #include "device_memory.h"
 
 namespace hearth::checks {
@@ -235,6 +237,59 @@ std::vector<int32_t> sample(uintptr_t logits, int rows, int vocab,
   std::vector<int32_t> out(rows);
   HEARTH_CUDA(cudaMemcpy(out.data(), d_tokens.get(), rows * 4, cudaMemcpyDeviceToHost));
   return out;
+}
+
+namespace {
+MoeExperts moe_experts(const MoeExpertPointers& p, int experts, int inter, int hidden, bool nvfp4) {
+  MoeExperts ex;
+  ex.experts = experts, ex.inter = inter, ex.hidden = hidden;
+  const WeightFormat format = nvfp4 ? WeightFormat::NvFp4 : WeightFormat::Bf16;
+  ex.gate_up = WeightView{P<const void>(p.gate_up), format, 1.f, P<const uint8_t>(p.gate_up_block_scales)};
+  ex.down = WeightView{P<const void>(p.down), format, 1.f, P<const uint8_t>(p.down_block_scales)};
+  ex.gate_up_scales = nvfp4 ? P<const float>(p.gate_up_scales) : nullptr;
+  ex.down_scales = nvfp4 ? P<const float>(p.down_scales) : nullptr;
+  return ex;
+}
+}  // namespace
+
+std::pair<std::vector<int32_t>, std::vector<float>> moe_block(const MoeCheck& c) {
+  HEARTH_REQUIRE(c.path == "gemv" || c.path == "grouped", "moe_block: path is 'gemv' or 'grouped'");
+  const int pairs = c.rows * c.top_k, stride = c.experts + (c.shared_inter > 0 ? 1 : 0);
+  const int widest = std::max(c.inter * c.top_k, c.shared_inter);
+  DeviceBuffer logits((size_t)c.rows * stride * 4 + 4, "moe logits"), experts(pairs * 4 + 4, "moe pairs"),
+      weights(pairs * 4 + 4, "moe weights"), act((size_t)c.rows * widest * 4 + 4, "moe act"),
+      y((size_t)pairs * c.hidden * 4 + 4, "moe y"), shared_y((size_t)c.rows * c.hidden * 4 + 4, "moe shared y"),
+      sorted(pairs * 4 + 4, "moe sorted"), tiles((1 + 3 * (size_t)moe_max_tiles(pairs, c.experts)) * 4, "moe tiles");
+  const MoeExperts routed = moe_experts(c.routed, c.experts, c.inter, c.hidden, c.nvfp4);
+  const float* x = P<const float>(c.x);
+  auto run = [&](const MoeExperts& ex, const int32_t* pair_expert, int n, int top_k, float* out) {
+    if (c.path == "gemv") {
+      launch_moe_expert_gemv(x, ex, pair_expert, n, top_k, true, act.as<float>(), 0);
+      launch_moe_expert_gemv(act.as<float>(), ex, pair_expert, n, 1, false, out, 0);
+    } else {
+      const int max_tiles = moe_max_tiles(n, ex.experts);
+      launch_moe_sort(pair_expert, n, ex.experts, sorted.as<int32_t>(), tiles.as<int32_t>(), 0);
+      launch_moe_grouped(x, ex, sorted.as<int32_t>(), tiles.as<int32_t>(), max_tiles, top_k, true, c.split,
+                         act.as<float>(), 0);
+      launch_moe_grouped(act.as<float>(), ex, sorted.as<int32_t>(), tiles.as<int32_t>(), max_tiles, 1, false,
+                         c.split, out, 0);
+    }
+  };
+  launch_moe_router(x, P<const bf16>(c.router), logits.as<float>(), c.rows, stride, c.hidden, 0);
+  launch_moe_top_k(logits.as<float>(), c.rows, stride, c.experts, c.top_k, c.normalize,
+                   experts.as<int32_t>(), weights.as<float>(), 0);
+  run(routed, experts.as<int32_t>(), pairs, c.top_k, y.as<float>());
+  if (c.shared_inter > 0)
+    run(moe_experts(c.shared, 1, c.shared_inter, c.hidden, c.nvfp4), nullptr, c.rows, 1, shared_y.as<float>());
+  launch_moe_combine(P<float>(c.resid), y.as<float>(), weights.as<float>(), c.rows, c.top_k, c.hidden,
+                     c.shared_inter > 0 ? shared_y.as<float>() : nullptr, logits.as<float>() + c.experts,
+                     stride, nullptr, 0);
+  sync();
+  std::vector<int32_t> chosen(pairs);
+  std::vector<float> chosen_weights(pairs);
+  HEARTH_CUDA(cudaMemcpy(chosen.data(), experts.get(), pairs * 4, cudaMemcpyDeviceToHost));
+  HEARTH_CUDA(cudaMemcpy(chosen_weights.data(), weights.get(), pairs * 4, cudaMemcpyDeviceToHost));
+  return {chosen, chosen_weights};
 }
 
 }  // namespace hearth::checks

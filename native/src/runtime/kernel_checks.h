@@ -62,6 +62,24 @@ void bf16_to_f16_inplace(uintptr_t data, int64_t count, float scale);
 double gemv_seconds(uintptr_t x, uintptr_t w, uintptr_t out, int rows, int n, int k, int copies,
                     int reps);
 void convert_to_bf16(uintptr_t src, int src_dtype, uintptr_t dst, int64_t count);
+// The mixture-of-experts block as Model::moe_block runs it, on rows x [rows, hidden] that are
+// already normalized: router (its rows, then the shared expert's gate row where shared_inter > 0),
+// top-k, the experts by `path` ("gemv" or "grouped"; split: the exact precision's hi + lo
+// products), the shared expert, and the weighted sum added into resid [rows, hidden]. Pointers of
+// an expert set: gate_up, down and, NVFP4, their block scales and per-expert global scales [experts].
+struct MoeExpertPointers {
+  uintptr_t gate_up = 0, down = 0, gate_up_block_scales = 0, down_block_scales = 0,
+            gate_up_scales = 0, down_scales = 0;
+};
+struct MoeCheck {
+  std::string path;
+  uintptr_t x = 0, resid = 0, router = 0;
+  int rows = 0, hidden = 0, experts = 0, top_k = 0, inter = 0, shared_inter = 0;
+  bool normalize = false, split = false, nvfp4 = false;
+  MoeExpertPointers routed, shared;
+};
+// The pairs' experts and weights the router chose, [rows * top_k] each.
+std::pair<std::vector<int32_t>, std::vector<float>> moe_block(const MoeCheck& check);
 std::vector<int32_t> sample(uintptr_t logits, int rows, int vocab,
                             const std::vector<SampleRequest>& requests);
 

@@ -34,6 +34,10 @@ constexpr size_t kWeightAlign = 256;
 size_t weight_piece_bytes(size_t bytes);
 size_t projection_bytes(const ModelConfig& config, size_t n, size_t k);
 size_t weight_bytes(const ModelConfig& config);
+// A layer's experts stacked (16-bit, or NVFP4 codes, block scales and one fp32 global scale per
+// expert), and the router's rows (the experts', then the shared expert's gate where there is one).
+size_t expert_stack_bytes(const ModelConfig& config, size_t experts, size_t n, size_t k);
+size_t moe_router_rows(const ModelConfig& config);
 // The largest layer projection (n * k); NVFP4 expands one at a time for the tensor-core product.
 size_t largest_projection(const ModelConfig& config);
 

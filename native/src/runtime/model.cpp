@@ -76,6 +76,8 @@ void build_sample_rows(const std::vector<SampleRequest>& rows, int vocab,
 }
 
 Model::Model(const ModelConfig& config, const CacheConfig& cache) : cfg_(config), cache_(cache) {
+  HEARTH_REQUIRE(cfg_.moe_experts == 0 || (int)cfg_.moe_layers.size() == cfg_.layers,
+                 "model config: moe_layers must name every layer");
   HEARTH_REQUIRE(cfg_.layers > 0 && cfg_.hidden > 0 && cfg_.heads > 0 && cfg_.kv_heads > 0 &&
                  cfg_.head_dim > 0 && cfg_.intermediate > 0 && cfg_.vocab > 0,
                  "model config: sizes must be positive");
@@ -143,6 +145,18 @@ void Model::allocate() {
   HEARTH_CUDA(cudaMemset(attn_counters_, 0, plan_part(plan, "attention_counters")));
   norm_parts_ = reinterpret_cast<float*>(part("norm_partials"));
   nvfp4_expanded_ = part("nvfp4_expanded");
+  auto moe_part = [&](const char* name) -> char* {  // null where the plan has none (dense models)
+    char* r = part(name);
+    return plan_part(plan, name) ? r : nullptr;
+  };
+  moe_logits_ = reinterpret_cast<float*>(moe_part("moe_logits"));
+  moe_pair_experts_ = reinterpret_cast<int32_t*>(moe_part("moe_pair_experts"));
+  moe_pair_weights_ = reinterpret_cast<float*>(moe_part("moe_pair_weights"));
+  moe_act_ = reinterpret_cast<float*>(moe_part("moe_activations"));
+  moe_y_ = reinterpret_cast<float*>(moe_part("moe_outputs"));
+  moe_shared_y_ = reinterpret_cast<float*>(moe_part("moe_shared_outputs"));
+  moe_sorted_ = reinterpret_cast<int32_t*>(moe_part("moe_sorted_pairs"));
+  moe_tiles_ = reinterpret_cast<int32_t*>(moe_part("moe_tiles"));
   HEARTH_REQUIRE(p == workspace_.as<char>() + plan.workspace_bytes, "workspace layout disagrees with the plan");
 
   HEARTH_CUDA(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
@@ -184,6 +198,19 @@ void Model::load_nvfp4(Slot slot, int layer, const uint8_t* codes, int64_t code_
   HEARTH_CUDA(cudaMemcpy(const_cast<uint8_t*>(proj.w.block_scales), block_scales, scale_bytes,
                          cudaMemcpyHostToDevice));
   proj.w.scale = global_scale;
+}
+
+void Model::load_nvfp4_expert(Slot slot, int layer, int expert, const uint8_t* codes,
+                              int64_t code_bytes, const uint8_t* block_scales, int64_t scale_bytes,
+                              float global_scale) {
+  const ModelWeights::ExpertPart part = weights_.expert_part(slot, layer, expert);
+  HEARTH_REQUIRE(code_bytes == part.code_bytes && scale_bytes == part.scale_bytes,
+                 "load_nvfp4_expert: codes or block scales do not match the expert's shape");
+  HEARTH_REQUIRE(std::isfinite(global_scale) && global_scale > 0.f,
+                 "load_nvfp4_expert: the global scale must be positive");
+  HEARTH_CUDA(cudaMemcpy(part.codes, codes, code_bytes, cudaMemcpyHostToDevice));
+  HEARTH_CUDA(cudaMemcpy(part.block_scales, block_scales, scale_bytes, cudaMemcpyHostToDevice));
+  HEARTH_CUDA(cudaMemcpy(part.global_scale, &global_scale, sizeof(float), cudaMemcpyHostToDevice));
 }
 
 void Model::finish_load() {

@@ -60,6 +60,10 @@ class Model {
   // [n, k/16] from host memory, and its fp32 global scale (fused parts already share one).
   void load_nvfp4(Slot slot, int layer, const uint8_t* codes, int64_t code_bytes,
                   const uint8_t* block_scales, int64_t scale_bytes, float global_scale);
+  // One expert's NVFP4 projection (slot MoeGateUp / MoeDown, or the shared expert's with expert 0):
+  // its codes, block scales and global scale (gate and up already on one).
+  void load_nvfp4_expert(Slot slot, int layer, int expert, const uint8_t* codes, int64_t code_bytes,
+                         const uint8_t* block_scales, int64_t scale_bytes, float global_scale);
   // Converts the weights to the resident format, frees the staging buffers, captures the decode
   // graphs (unless HEARTH_CUDA_GRAPHS=0) and synchronizes.
   void finish_load();
@@ -112,6 +116,14 @@ class Model {
   void run_layers(int T, int table_stride, bool decode_mode, int logit_first, int logit_count);
   void attention_block(const Pass& pass, Residual& res, int layer);
   void feed_forward_block(const Pass& pass, Residual& res, int layer);
+  // A routing layer's feed-forward (moe.cu): norm, router, top-k, the chosen experts (GEMVs for
+  // few rows, the sorted grouped GEMM for many), the shared expert, the weighted sum into the
+  // residual stream.
+  void moe_block(const Pass& pass, Residual& res, int layer);
+  // One expert set's two products for `pairs` (row, expert) pairs into `y` (pair_expert nullptr:
+  // the shared expert, one pair per row).
+  void run_experts(const Pass& pass, const MoeExperts& ex, const int32_t* pair_expert, int pairs,
+                   int top_k, float* y);
   // A projection of the normalized residual stream (the norm prologue); rows [row0, row0 + rows).
   // `rope` (qkv): bias, q/k norms and rope + KV write follow; `swiglu` (gate/up): the result is
   // the SwiGLU activation, returned as the next projection's input.
@@ -161,6 +173,10 @@ class Model {
   bf16* split_;
   f16* op16_;
   void* nvfp4_expanded_;  // one projection's 16-bit expansion (NVFP4 models only)
+  // mixture of experts (memory_plan.cpp lists them; null for dense models)
+  float *moe_logits_ = nullptr, *moe_pair_weights_ = nullptr, *moe_act_ = nullptr, *moe_y_ = nullptr,
+        *moe_shared_y_ = nullptr;
+  int32_t *moe_pair_experts_ = nullptr, *moe_sorted_ = nullptr, *moe_tiles_ = nullptr;
   int* attn_counters_;  // decode attention's per (row, head) piece counters, left zero
   int32_t *meta_, *tokens_;
   SampleRow* sample_params_;

@@ -51,20 +51,49 @@ void ModelWeights::allocate(const ModelConfig& c) {
     l.w.block_scales = reinterpret_cast<const uint8_t*>(take_bytes((size_t)n * k / 16));
     return l;
   };
+  // A layer's experts stacked (memory_plan.cpp's expert_stack_bytes): bf16, or NVFP4 codes, block
+  // scales and one global scale per expert.
+  auto stack = [&](int experts, int n, int k, WeightView* w, const float** scales) {
+    if (!c.nvfp4) {
+      w->data = take((size_t)experts * n * k);
+      return;
+    }
+    w->format = WeightFormat::NvFp4;
+    w->data = take_bytes((size_t)experts * n * k / 2);
+    w->block_scales = reinterpret_cast<const uint8_t*>(take_bytes((size_t)experts * n * k / 16));
+    *scales = reinterpret_cast<const float*>(take_bytes((size_t)experts * 4));
+  };
+  auto experts = [&](int count, int inter) {
+    MoeExperts ex;
+    ex.experts = count;
+    ex.inter = inter;
+    ex.hidden = H;
+    stack(count, 2 * inter, H, &ex.gate_up, &ex.gate_up_scales);
+    stack(count, H, inter, &ex.down, &ex.down_scales);
+    return ex;
+  };
   embed = linear(take((size_t)V * H), V, H);
   final_norm = reinterpret_cast<const bf16*>(take(H));
   lm_head = c.tied_embeddings ? embed : linear(take((size_t)V * H), V, H);
   layers.assign(c.layers, LayerWeights{});
-  for (LayerWeights& lw : layers) {
+  const int q_norm_size = c.qk_norm_whole ? q : hd, k_norm_size = c.qk_norm_whole ? c.kv_heads * hd : hd;
+  for (int l = 0; l < c.layers; ++l) {
+    LayerWeights& lw = layers[l];
     lw.attn_norm = reinterpret_cast<const bf16*>(take(H));
     lw.qkv = projection(qkv, H);
     lw.bqkv = c.qkv_bias ? reinterpret_cast<const bf16*>(take(qkv)) : nullptr;
-    lw.q_norm = c.qk_norm ? reinterpret_cast<const bf16*>(take(hd)) : nullptr;
-    lw.k_norm = c.qk_norm ? reinterpret_cast<const bf16*>(take(hd)) : nullptr;
+    lw.q_norm = c.qk_norm ? reinterpret_cast<const bf16*>(take(q_norm_size)) : nullptr;
+    lw.k_norm = c.qk_norm ? reinterpret_cast<const bf16*>(take(k_norm_size)) : nullptr;
     lw.o = projection(H, q);
     lw.mlp_norm = reinterpret_cast<const bf16*>(take(H));
-    lw.gate_up = projection(2 * I, H);
-    lw.down = projection(H, I);
+    if (!c.routes(l)) {
+      lw.gate_up = projection(2 * I, H);
+      lw.down = projection(H, I);
+      continue;
+    }
+    lw.router = reinterpret_cast<const bf16*>(take(moe_router_rows(c) * H));
+    lw.experts = experts(c.moe_experts, c.moe_inter);
+    if (c.moe_shared_inter > 0) lw.shared = experts(1, c.moe_shared_inter);
   }
   HEARTH_REQUIRE(w == buffer.as<char>() + buffer.bytes(), "weight layout disagrees with the plan");
 }
@@ -79,6 +108,24 @@ Linear& ModelWeights::projection(Slot slot, int layer) {
     case Slot::Wdown: return lw.down;
     default: throw std::invalid_argument("not a layer projection slot");
   }
+}
+
+ModelWeights::ExpertPart ModelWeights::expert_part(Slot slot, int layer, int expert) {
+  HEARTH_REQUIRE(layer >= 0 && layer < (int)layers.size(), "layer index out of range");
+  LayerWeights& lw = layers[layer];
+  const bool shared = slot == Slot::MoeSharedGateUp || slot == Slot::MoeSharedDown;
+  HEARTH_REQUIRE(shared || slot == Slot::MoeGateUp || slot == Slot::MoeDown, "not an expert slot");
+  const MoeExperts& ex = shared ? lw.shared : lw.experts;
+  HEARTH_REQUIRE(ex.experts > 0, shared ? "this layer has no shared expert" : "this layer does not route");
+  HEARTH_REQUIRE(expert >= 0 && expert < ex.experts, "expert index out of range");
+  const bool gate_up = slot == Slot::MoeGateUp || slot == Slot::MoeSharedGateUp;
+  const WeightView& w = gate_up ? ex.gate_up : ex.down;
+  HEARTH_REQUIRE(w.format == WeightFormat::NvFp4, "this model's experts are 16-bit: they load with load_tensor");
+  const int64_t weights = (int64_t)(gate_up ? 2 * ex.inter : ex.hidden) * (gate_up ? ex.hidden : ex.inter);
+  auto* codes = static_cast<uint8_t*>(const_cast<void*>(w.data)) + expert * weights / 2;
+  auto* scales = const_cast<uint8_t*>(w.block_scales) + expert * weights / 16;
+  float* global = const_cast<float*>(gate_up ? ex.gate_up_scales : ex.down_scales) + expert;
+  return ExpertPart{codes, scales, global, weights / 2, weights / 16};
 }
 
 uint16_t* ModelWeights::slot(const ModelConfig& c, Slot slot, int layer, int64_t* numel) {
@@ -100,18 +147,35 @@ uint16_t* ModelWeights::slot(const ModelConfig& c, Slot slot, int layer, int64_t
   HEARTH_REQUIRE(layer >= 0 && layer < c.layers, "layer index out of range");
   const LayerWeights& lw = layers[layer];
   const int64_t qkv = (int64_t)(c.heads + 2 * c.kv_heads) * c.head_dim;
+  const int64_t q_norm = c.qk_norm_whole ? (int64_t)c.heads * c.head_dim : c.head_dim;
+  const int64_t k_norm = c.qk_norm_whole ? (int64_t)c.kv_heads * c.head_dim : c.head_dim;
+  auto stack = [&](const MoeExperts& ex, bool gate_up) {
+    HEARTH_REQUIRE(ex.experts > 0, "this layer has no such expert weights (it does not route, or has no shared expert)");
+    const WeightView& w = gate_up ? ex.gate_up : ex.down;
+    HEARTH_REQUIRE(w.format != WeightFormat::NvFp4, "this model's experts are NVFP4: they load with load_nvfp4_expert");
+    return at(w.data, (int64_t)ex.experts * (gate_up ? 2 : 1) * ex.inter * ex.hidden);
+  };
   const void* p = nullptr;
   switch (slot) {
     case Slot::AttnNorm: return at(lw.attn_norm, c.hidden);
     case Slot::Wqkv: return matrix(lw.qkv);
     case Slot::Bqkv: p = lw.bqkv; *numel = qkv; break;
-    case Slot::QNorm: p = lw.q_norm; *numel = c.head_dim; break;
-    case Slot::KNorm: p = lw.k_norm; *numel = c.head_dim; break;
+    case Slot::QNorm: p = lw.q_norm; *numel = q_norm; break;
+    case Slot::KNorm: p = lw.k_norm; *numel = k_norm; break;
     case Slot::Wo: return matrix(lw.o);
     case Slot::MlpNorm: return at(lw.mlp_norm, c.hidden);
     case Slot::Wgu: return matrix(lw.gate_up);
     case Slot::Wdown: return matrix(lw.down);
-    default: break;
+    case Slot::MoeRouter:
+      HEARTH_REQUIRE(lw.router != nullptr, "this layer does not route");
+      return at(lw.router, (int64_t)c.moe_experts * c.hidden);
+    case Slot::MoeSharedGate:
+      HEARTH_REQUIRE(lw.router != nullptr && c.moe_shared_inter > 0, "this layer has no shared expert");
+      return at(lw.router + (size_t)c.moe_experts * c.hidden, c.hidden);
+    case Slot::MoeGateUp: return stack(lw.experts, true);
+    case Slot::MoeDown: return stack(lw.experts, false);
+    case Slot::MoeSharedGateUp: return stack(lw.shared, true);
+    case Slot::MoeSharedDown: return stack(lw.shared, false);
   }
   HEARTH_REQUIRE(p != nullptr, "this model has no such weight (bias or q/k norm not configured)");
   return at(p, *numel);
@@ -127,7 +191,7 @@ void ModelWeights::finish(const ModelConfig& c, cudaStream_t stream) {
   norms.push_back(final_norm);
   for (LayerWeights& lw : layers) {
     for (Linear* l : {&lw.qkv, &lw.o, &lw.gate_up, &lw.down})
-      if (l->w.format != WeightFormat::NvFp4) projections.push_back(l);  // NVFP4 stays packed
+      if (l->n > 0 && l->w.format != WeightFormat::NvFp4) projections.push_back(l);  // NVFP4 stays packed
     norms.push_back(lw.attn_norm);
     norms.push_back(lw.mlp_norm);
   }

@@ -23,7 +23,12 @@
 namespace hearth {
 
 // Where a checkpoint tensor goes.
-enum class Slot { Embed, FinalNorm, LmHead, AttnNorm, Wqkv, Bqkv, QNorm, KNorm, Wo, MlpNorm, Wgu, Wdown };
+// Mixture-of-experts layers (ModelConfig::routes) hold MoeRouter [experts, hidden] (and
+// MoeSharedGate, the shared expert's [1, hidden] gate, as the router's last row), MoeGateUp
+// [experts, 2 * moe_inter, hidden] (expert e's gate rows then its up rows), MoeDown [experts,
+// hidden, moe_inter], and the shared expert's MoeSharedGateUp / MoeSharedDown, instead of Wgu / Wdown.
+enum class Slot { Embed, FinalNorm, LmHead, AttnNorm, Wqkv, Bqkv, QNorm, KNorm, Wo, MlpNorm, Wgu, Wdown,
+                  MoeRouter, MoeSharedGate, MoeGateUp, MoeDown, MoeSharedGateUp, MoeSharedDown };
 
 // One projection: out[r, n] = x[r, k] @ w[n, k]^T.
 struct Linear {
@@ -34,7 +39,10 @@ struct Linear {
 struct LayerWeights {
   const bf16 *attn_norm = nullptr, *bqkv = nullptr, *q_norm = nullptr, *k_norm = nullptr,
              *mlp_norm = nullptr;
-  Linear qkv, o, gate_up, down;  // gate_up: [gate rows; up rows]
+  Linear qkv, o, gate_up, down;  // gate_up: [gate rows; up rows] (empty where the layer routes)
+  // Where the layer routes: the router rows (bf16, both precisions), the experts, the shared expert.
+  const bf16* router = nullptr;
+  MoeExperts experts, shared;
   // The fast operand's static scale after each norm (a normalized row is bounded by
   // sqrt(hidden) * max |norm weight|).
   float attn_norm_scale = 1.f, mlp_norm_scale = 1.f;
@@ -54,6 +62,14 @@ struct ModelWeights {
   uint16_t* slot(const ModelConfig& config, Slot slot, int layer, int64_t* numel);
   // The layer projection `slot` (Wqkv, Wo, Wgu, Wdown) of `layer`.
   Linear& projection(Slot slot, int layer);
+  // Expert `expert`'s part of an NVFP4 expert slot (MoeGateUp / MoeDown; the shared expert's
+  // slots take expert 0): where its codes, block scales and global scale go, and their sizes.
+  struct ExpertPart {
+    uint8_t *codes, *block_scales;
+    float* global_scale;
+    int64_t code_bytes, scale_bytes;
+  };
+  ExpertPart expert_part(Slot slot, int layer, int expert);
   // After every tensor landed (stream-ordered): the fast precision's conversion and scales.
   void finish(const ModelConfig& config, cudaStream_t stream);
 };

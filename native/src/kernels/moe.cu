@@ -1,0 +1,487 @@
+// The mixture-of-experts feed-forward block's kernels (engine/moe.py is the reference math):
+//   router   logits [T, stride] = xn @ router^T in fp32, one warp per logit (the router's E rows,
+//            then the shared expert's sigmoid gate row where the model has one);
+//   top_k    per row: softmax over the E logits in fp32, the k largest (ties: the lower expert),
+//            renormalised when asked -> T * k (row, expert, weight) pairs, pair p = t * k + j;
+//   few rows (decode): expert GEMVs that read only the selected experts' rows, a warp per output:
+//            gate/up   act[p, i] = silu(x[t] . gate_e[i]) * (x[t] . up_e[i])
+//            down      y[p, n]   = act[p] . down_e[n]
+//   many rows (prefill, large batches): the pairs sorted by expert into tiles of kMoeTileRows
+//            (sort, one block, on the device: nothing goes back to the host, so decode graphs
+//            capture it), then a tensor-core grouped GEMM per (tile, 64 outputs) computing the same
+//            two products over bf16 operands (the activation as bf16 hi + lo, two products, for the
+//            exact precision); tiles past the sort's count exit at once, so an expert no token
+//            chose costs no read;
+//   combine  resid[t] += sum_j w[t, j] * y[t * k + j] (+ sigmoid(gate logit) * shared y[t]), in a
+//            fixed order, and the row's sum of squares for the next layer's fused GEMV norm.
+// Expert weights are bf16 (both precisions) or NVFP4 (codes and e4m3 block scales read directly;
+// e2m1 * e4m3 is exact in bf16); each expert's NVFP4 global scale multiplies its finished sums.
+// Each output's sum runs in the same order whatever the batch, so a row's result does not depend
+// on the other rows of its path.
+#include <mma.h>
+
+#include <algorithm>
+#include <climits>
+#include <type_traits>
+
+#include "../common.cuh"
+#include "kernels.h"
+#include "nvfp4.cuh"
+
+namespace hearth {
+
+namespace {
+
+constexpr int kWarpThreads = 256;
+
+__device__ __forceinline__ float silu_mul(float g, float u) { return g / (1.f + expf(-g)) * u; }
+
+__device__ __forceinline__ float expert_scale(const float* per_expert, float fallback, int e) {
+  return per_expert ? per_expert[e] : fallback;
+}
+
+// dot(x[0:k], row `row` of w) over one warp (lanes stride the row; the sum in lane order, then a
+// butterfly): bf16 rows of k, or NVFP4 rows of k / 2 code bytes and k / 16 block scales.
+template <bool NVFP4>
+__device__ __forceinline__ float warp_row_dot(const float* __restrict__ x, const void* w,
+                                              const uint8_t* block_scales, size_t row, int k,
+                                              int lane) {
+  float acc = 0.f;
+  if constexpr (!NVFP4) {
+    const uint4* wr = reinterpret_cast<const uint4*>(static_cast<const bf16*>(w) + row * k);
+    const float4* xr = reinterpret_cast<const float4*>(x);
+    for (int c = lane; c < k / 8; c += 32) {
+      const uint4 raw = __ldg(wr + c);
+      const __nv_bfloat162* pairs = reinterpret_cast<const __nv_bfloat162*>(&raw);
+      const float4 a = __ldg(xr + 2 * c), b = __ldg(xr + 2 * c + 1);
+      const float2 w0 = __bfloat1622float2(pairs[0]), w1 = __bfloat1622float2(pairs[1]);
+      const float2 w2 = __bfloat1622float2(pairs[2]), w3 = __bfloat1622float2(pairs[3]);
+      acc += w0.x * a.x + w0.y * a.y + w1.x * a.z + w1.y * a.w + w2.x * b.x + w2.y * b.y +
+             w3.x * b.z + w3.y * b.w;
+    }
+  } else {
+    const uint2* wr = reinterpret_cast<const uint2*>(static_cast<const uint8_t*>(w) + row * (k / 2));
+    const uint8_t* sr = block_scales + row * (k / 16);
+    for (int c = lane; c < k / 16; c += 32) {  // one 16-input block per step
+      const uint2 raw = __ldg(wr + c);
+      const float4* xc = reinterpret_cast<const float4*>(x + 16 * c);
+      float part = 0.f;
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {  // 4 inputs (2 code bytes) per float4
+        const uint32_t word = q < 2 ? raw.x : raw.y;
+        const float2 lo = e2m1_pair_scaled((word >> (16 * (q & 1))) & 0xFFu);
+        const float2 hi = e2m1_pair_scaled((word >> (16 * (q & 1) + 8)) & 0xFFu);
+        const float4 a = __ldg(xc + q);
+        part += lo.x * a.x + lo.y * a.y + hi.x * a.z + hi.y * a.w;
+      }
+      acc += part * (e4m3_value(__ldg(sr + c)) * kE2m1Unscale);
+    }
+  }
+  return warp_sum(acc);
+}
+
+template <typename F>
+auto dispatch_format(bool nvfp4, F f) {
+  return nvfp4 ? f(std::true_type{}) : f(std::false_type{});
+}
+
+__global__ void moe_router_kernel(const float* __restrict__ x, const bf16* __restrict__ w,
+                                  float* __restrict__ logits, int rows, int n, int k) {
+  const int warp = (blockIdx.x * blockDim.x + threadIdx.x) >> 5, lane = threadIdx.x & 31;
+  if (warp >= rows * n) return;
+  const int t = warp / n, e = warp % n;
+  const float v = warp_row_dot<false>(x + (size_t)t * k, w, nullptr, e, k, lane);
+  if (lane == 0) logits[(size_t)t * n + e] = v;
+}
+
+// (value, expert) ordered by value descending, then expert ascending: torch.topk's order for
+// distinct values, the lower expert first on ties.
+__device__ __forceinline__ bool ranks_before(float v, int e, float ov, int oe) {
+  return v > ov || (v == ov && e < oe);
+}
+
+__global__ void moe_top_k_kernel(const float* __restrict__ logits, int rows, int stride,
+                                 int experts, int top_k, int normalize,
+                                 int32_t* __restrict__ pair_expert, float* __restrict__ pair_weight) {
+  const int warp = (blockIdx.x * blockDim.x + threadIdx.x) >> 5, lane = threadIdx.x & 31;
+  if (warp >= rows) return;
+  const float* l = logits + (size_t)warp * stride;
+  float m = -INFINITY;
+  for (int e = lane; e < experts; e += 32) m = fmaxf(m, l[e]);
+  m = warp_max(m);
+  float s = 0.f;
+  for (int e = lane; e < experts; e += 32) s += expf(l[e] - m);
+  s = warp_sum(s);
+  // The j-th pick is the best (value, expert) ranked after the (j-1)-th: no set of taken experts.
+  float prev_v = INFINITY, total = 0.f;
+  int prev_e = -1;
+  float my_weight = 0.f;
+  int my_expert = 0;
+  for (int j = 0; j < top_k; ++j) {
+    float bv = -INFINITY;
+    int be = INT_MAX;
+    for (int e = lane; e < experts; e += 32) {
+      const float v = l[e];
+      if (ranks_before(prev_v, prev_e, v, e) && ranks_before(v, e, bv, be)) bv = v, be = e;
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+      const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+      const int oe = __shfl_xor_sync(0xffffffffu, be, o);
+      if (ranks_before(ov, oe, bv, be)) bv = ov, be = oe;
+    }
+    if (be == INT_MAX) be = 0;  // NaN logits: route somewhere valid rather than read out of bounds
+    const float p = expf(bv - m) / s;
+    total += p;
+    if (lane == j) my_weight = p, my_expert = be;
+    prev_v = bv, prev_e = be;
+  }
+  if (lane < top_k) {
+    pair_expert[(size_t)warp * top_k + lane] = my_expert;
+    pair_weight[(size_t)warp * top_k + lane] = normalize ? my_weight / total : my_weight;
+  }
+}
+
+template <bool NVFP4>
+__global__ void moe_gate_up_gemv_kernel(const float* __restrict__ x, MoeExperts ex,
+                                        const int32_t* __restrict__ pair_expert, int pairs,
+                                        int top_k, float* __restrict__ act) {
+  const int warp = (blockIdx.x * blockDim.x + threadIdx.x) >> 5, lane = threadIdx.x & 31;
+  const int I = ex.inter, H = ex.hidden;
+  if (warp >= pairs * I) return;
+  const int p = warp / I, i = warp % I;
+  const int e = pair_expert ? pair_expert[p] : 0;
+  const float* xr = x + (size_t)(p / top_k) * H;
+  const size_t base = (size_t)e * 2 * I;
+  const float scale = expert_scale(ex.gate_up_scales, ex.gate_up.scale, e);
+  const float g = warp_row_dot<NVFP4>(xr, ex.gate_up.data, ex.gate_up.block_scales, base + i, H, lane);
+  const float u = warp_row_dot<NVFP4>(xr, ex.gate_up.data, ex.gate_up.block_scales, base + I + i, H, lane);
+  if (lane == 0) act[(size_t)p * I + i] = silu_mul(g * scale, u * scale);
+}
+
+template <bool NVFP4>
+__global__ void moe_down_gemv_kernel(const float* __restrict__ act, MoeExperts ex,
+                                     const int32_t* __restrict__ pair_expert, int pairs,
+                                     float* __restrict__ y) {
+  const int warp = (blockIdx.x * blockDim.x + threadIdx.x) >> 5, lane = threadIdx.x & 31;
+  const int I = ex.inter, H = ex.hidden;
+  if (warp >= pairs * H) return;
+  const int p = warp / H, n = warp % H;
+  const int e = pair_expert ? pair_expert[p] : 0;
+  const float v = warp_row_dot<NVFP4>(act + (size_t)p * I, ex.down.data, ex.down.block_scales,
+                                      (size_t)e * H + n, I, lane);
+  if (lane == 0) y[(size_t)p * H + n] = v * expert_scale(ex.down_scales, ex.down.scale, e);
+}
+
+// tiles[0] = the tile count, then (expert, first sorted position, rows) per tile.
+__global__ void moe_sort_kernel(const int32_t* __restrict__ pair_expert, int pairs, int experts,
+                                int32_t* __restrict__ sorted, int32_t* __restrict__ tiles) {
+  extern __shared__ int shared_counts[];
+  int* counts = shared_counts;
+  int* cursor = shared_counts + experts;
+  for (int e = threadIdx.x; e < experts; e += blockDim.x) counts[e] = 0;
+  __syncthreads();
+  for (int p = threadIdx.x; p < pairs; p += blockDim.x) atomicAdd(&counts[pair_expert ? pair_expert[p] : 0], 1);
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    int offset = 0, t = 0;
+    for (int e = 0; e < experts; ++e) {
+      cursor[e] = offset;
+      for (int r = 0; r < counts[e]; r += kMoeTileRows, ++t) {
+        tiles[1 + 3 * t] = e;
+        tiles[2 + 3 * t] = offset + r;
+        tiles[3 + 3 * t] = min(kMoeTileRows, counts[e] - r);
+      }
+      offset += counts[e];
+    }
+    tiles[0] = t;
+  }
+  __syncthreads();
+  // Positions within an expert follow the atomics' order; a row's products do not depend on it.
+  for (int p = threadIdx.x; p < pairs; p += blockDim.x)
+    sorted[atomicAdd(&cursor[pair_expert ? pair_expert[p] : 0], 1)] = p;
+}
+
+// ---- the grouped GEMM: a block computes kMoeTileRows sorted rows x 64 outputs of one expert.
+constexpr int kTileN = 64, kTileK = 32, kLd = kTileK + 8;  // +8: no bank conflicts on fragments
+constexpr int kGroupedThreads = 128;                        // 4 warps, 32 x 32 outputs each
+constexpr int kCLd = kTileN + 4;
+static_assert(kMoeTileRows == 64, "the grouped GEMM's warp layout assumes 64-row tiles");
+
+struct GroupedArgs {
+  const float* x;  // gate/up: the normalized rows, gathered by pair; down: act in sorted order
+  MoeExperts ex;
+  const int32_t* sorted;
+  const int32_t* tiles;
+  int top_k;
+  float* out;  // gate/up: act [pairs, inter] in sorted order; down: y [pairs, hidden] by pair
+};
+
+// Shared memory: the operand tiles during the K loop, then the fp32 results (a union).
+template <bool SPLIT, bool GATE_UP>
+struct GroupedSmem {
+  static constexpr int kOperands = (SPLIT ? 2 : 1) + (GATE_UP ? 2 : 1);
+  static constexpr int kOperandBytes = kOperands * kMoeTileRows * kLd * 2;
+  static constexpr int kResultBytes = (GATE_UP ? 2 : 1) * kMoeTileRows * kCLd * 4;
+  static constexpr int kBytes = kOperandBytes > kResultBytes ? kOperandBytes : kResultBytes;
+};
+
+// Rows [n0, n0 + 64) of a weight (bf16 rows of k, or NVFP4), inputs [k0, k0 + 32), as bf16 into
+// dst [64][kLd]; rows past n_end and inputs past k are zero.
+template <bool NVFP4>
+__device__ __forceinline__ void load_weight_tile(const WeightView& w, size_t row0, int rows_valid,
+                                                 int k, int k0, bf16* dst) {
+  if constexpr (!NVFP4) {
+    for (int q = threadIdx.x; q < kTileN * (kTileK / 8); q += kGroupedThreads) {
+      const int r = q / (kTileK / 8), c = (q % (kTileK / 8)) * 8;
+      uint4 v = make_uint4(0, 0, 0, 0);
+      if (r < rows_valid && k0 + c < k)
+        v = __ldg(reinterpret_cast<const uint4*>(static_cast<const bf16*>(w.data) + (row0 + r) * k + k0 + c));
+      *reinterpret_cast<uint4*>(dst + r * kLd + c) = v;
+    }
+  } else {
+    for (int q = threadIdx.x; q < kTileN * (kTileK / 16); q += kGroupedThreads) {
+      const int r = q / (kTileK / 16), c = (q % (kTileK / 16)) * 16;
+      bf16* d = dst + r * kLd + c;
+      if (r < rows_valid && k0 + c < k) {
+        const size_t row = row0 + r;
+        const uint2 raw = __ldg(reinterpret_cast<const uint2*>(static_cast<const uint8_t*>(w.data) +
+                                                               row * (k / 2) + (k0 + c) / 2));
+        const float s = e4m3_value(__ldg(w.block_scales + row * (k / 16) + (k0 + c) / 16)) * kE2m1Unscale;
+#pragma unroll
+        for (int b = 0; b < 8; ++b) {
+          const uint32_t byte = ((b < 4 ? raw.x : raw.y) >> (8 * (b & 3))) & 0xFFu;
+          const float2 v = e2m1_pair_scaled(byte);
+          d[2 * b] = __float2bfloat16(v.x * s);  // exact: e2m1 * e4m3 has at most 6 significant bits
+          d[2 * b + 1] = __float2bfloat16(v.y * s);
+        }
+      } else {
+#pragma unroll
+        for (int b = 0; b < 16; ++b) d[b] = __float2bfloat16(0.f);
+      }
+    }
+  }
+}
+
+template <bool NVFP4, bool SPLIT, bool GATE_UP>
+__global__ void __launch_bounds__(kGroupedThreads) moe_grouped_kernel(GroupedArgs a) {
+  using namespace nvcuda;
+  using Smem = GroupedSmem<SPLIT, GATE_UP>;
+  __shared__ __align__(128) unsigned char smem[Smem::kBytes];
+  const int tile = blockIdx.y;
+  if (tile >= a.tiles[0]) return;
+  const int e = a.tiles[1 + 3 * tile], start = a.tiles[2 + 3 * tile], rows = a.tiles[3 + 3 * tile];
+  const int I = a.ex.inter, H = a.ex.hidden;
+  const int N = GATE_UP ? I : H, K = GATE_UP ? H : I;
+  const int n0 = blockIdx.x * kTileN;
+  const int n_valid = min(kTileN, N - n0);
+  const WeightView& w = GATE_UP ? a.ex.gate_up : a.ex.down;
+  const size_t first_row = GATE_UP ? (size_t)e * 2 * I + n0 : (size_t)e * H + n0;
+
+  bf16* a_hi = reinterpret_cast<bf16*>(smem);
+  bf16* a_lo = a_hi + (SPLIT ? kMoeTileRows * kLd : 0);
+  bf16* b_tile = a_hi + (SPLIT ? 2 : 1) * kMoeTileRows * kLd;  // [gate; up] for GATE_UP
+  const int warp = threadIdx.x >> 5;
+  const int wr = (warp >> 1) * 32, wc = (warp & 1) * 32;
+  constexpr int kParts = GATE_UP ? 2 : 1;
+  wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[kParts][2][2];
+#pragma unroll
+  for (int q = 0; q < kParts; ++q)
+#pragma unroll
+    for (int i = 0; i < 2; ++i)
+#pragma unroll
+      for (int j = 0; j < 2; ++j) wmma::fill_fragment(acc[q][i][j], 0.f);
+
+  for (int k0 = 0; k0 < K; k0 += kTileK) {
+    __syncthreads();  // the previous step's fragments are loaded
+    for (int q = threadIdx.x; q < kMoeTileRows * (kTileK / 4); q += kGroupedThreads) {
+      const int r = q / (kTileK / 4), c = (q % (kTileK / 4)) * 4;
+      float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+      if (r < rows && k0 + c < K) {
+        const int pos = start + r;
+        const size_t src = GATE_UP ? (size_t)(a.sorted[pos] / a.top_k) : (size_t)pos;
+        v = *reinterpret_cast<const float4*>(a.x + src * K + k0 + c);
+      }
+      const float f[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const bf16 hi = __float2bfloat16(f[i]);
+        a_hi[r * kLd + c + i] = hi;
+        if constexpr (SPLIT) a_lo[r * kLd + c + i] = __float2bfloat16(f[i] - __bfloat162float(hi));
+      }
+    }
+    load_weight_tile<NVFP4>(w, first_row, n_valid, K, k0, b_tile);
+    if constexpr (GATE_UP) load_weight_tile<NVFP4>(w, first_row + I, n_valid, K, k0, b_tile + kTileN * kLd);
+    __syncthreads();
+#pragma unroll
+    for (int kk = 0; kk < kTileK; kk += 16) {
+      wmma::fragment<wmma::matrix_a, 16, 16, 16, bf16, wmma::row_major> fa[2], fl[2];
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        wmma::load_matrix_sync(fa[i], a_hi + (wr + 16 * i) * kLd + kk, kLd);
+        if constexpr (SPLIT) wmma::load_matrix_sync(fl[i], a_lo + (wr + 16 * i) * kLd + kk, kLd);
+      }
+#pragma unroll
+      for (int q = 0; q < kParts; ++q) {
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+          wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::col_major> fb;
+          wmma::load_matrix_sync(fb, b_tile + q * kTileN * kLd + (wc + 16 * j) * kLd + kk, kLd);
+#pragma unroll
+          for (int i = 0; i < 2; ++i) {
+            wmma::mma_sync(acc[q][i][j], fa[i], fb, acc[q][i][j]);
+            if constexpr (SPLIT) wmma::mma_sync(acc[q][i][j], fl[i], fb, acc[q][i][j]);
+          }
+        }
+      }
+    }
+  }
+  __syncthreads();  // operand tiles are done: the results take their place
+  float* c = reinterpret_cast<float*>(smem);
+#pragma unroll
+  for (int q = 0; q < kParts; ++q)
+#pragma unroll
+    for (int i = 0; i < 2; ++i)
+#pragma unroll
+      for (int j = 0; j < 2; ++j)
+        wmma::store_matrix_sync(c + q * kMoeTileRows * kCLd + (wr + 16 * i) * kCLd + wc + 16 * j,
+                                acc[q][i][j], kCLd, wmma::mem_row_major);
+  __syncthreads();
+  const float scale = GATE_UP ? expert_scale(a.ex.gate_up_scales, a.ex.gate_up.scale, e)
+                              : expert_scale(a.ex.down_scales, a.ex.down.scale, e);
+  for (int q = threadIdx.x; q < kMoeTileRows * kTileN; q += kGroupedThreads) {
+    const int r = q / kTileN, col = q % kTileN;
+    if (r >= rows || col >= n_valid) continue;
+    const int pos = start + r;
+    if constexpr (GATE_UP) {
+      const float g = c[r * kCLd + col] * scale, u = c[kMoeTileRows * kCLd + r * kCLd + col] * scale;
+      a.out[(size_t)pos * I + n0 + col] = silu_mul(g, u);
+    } else {
+      a.out[(size_t)a.sorted[pos] * H + n0 + col] = c[r * kCLd + col] * scale;
+    }
+  }
+}
+
+__global__ void moe_combine_kernel(float* __restrict__ resid, const float* __restrict__ y,
+                                   const float* __restrict__ pair_weight, int top_k, int hidden,
+                                   const float* __restrict__ shared_y,
+                                   const float* __restrict__ shared_logit, int logit_stride,
+                                   float* __restrict__ sum_squares) {
+  __shared__ float scratch[32];
+  const int t = blockIdx.x;
+  const float gate = shared_y ? 1.f / (1.f + expf(-shared_logit[(size_t)t * logit_stride])) : 0.f;
+  float* row = resid + (size_t)t * hidden;
+  float sq = 0.f;
+  for (int n = threadIdx.x; n < hidden; n += blockDim.x) {
+    float v = 0.f;
+    for (int j = 0; j < top_k; ++j)
+      v += pair_weight[(size_t)t * top_k + j] * y[((size_t)t * top_k + j) * hidden + n];
+    if (shared_y) v += gate * shared_y[(size_t)t * hidden + n];
+    const float r = row[n] + v;
+    row[n] = r;
+    sq += r * r;
+  }
+  if (sum_squares) {
+    sq = block_sum(sq, scratch);
+    if (threadIdx.x == 0) sum_squares[t] = sq;
+  }
+}
+
+int warp_blocks(int64_t warps) { return (int)((warps * 32 + kWarpThreads - 1) / kWarpThreads); }
+
+void check_experts(const MoeExperts& ex) {
+  HEARTH_REQUIRE(ex.experts > 0 && ex.inter > 0 && ex.hidden > 0, "moe: expert sizes must be positive");
+  const bool nvfp4 = ex.gate_up.format == WeightFormat::NvFp4;
+  HEARTH_REQUIRE(nvfp4 == (ex.down.format == WeightFormat::NvFp4), "moe: gate/up and down differ in format");
+  HEARTH_REQUIRE(nvfp4 || (ex.gate_up.format == WeightFormat::Bf16 && ex.down.format == WeightFormat::Bf16),
+                 "moe: experts are bf16 or NVFP4");
+  HEARTH_REQUIRE(ex.hidden % 16 == 0 && ex.inter % 16 == 0,
+                 "moe: hidden and expert sizes must be multiples of 16");
+}
+
+}  // namespace
+
+bool moe_shape_supported(int hidden, int inter) { return hidden % 16 == 0 && inter % 16 == 0; }
+
+int moe_max_tiles(int pairs, int experts) {
+  return (pairs + kMoeTileRows - 1) / kMoeTileRows + std::min(experts, pairs);
+}
+
+void launch_moe_router(const float* x, const bf16* w, float* logits, int rows, int n, int k,
+                       cudaStream_t stream) {
+  HEARTH_REQUIRE(rows >= 0 && n > 0 && k % 8 == 0, "moe router: bad shape");
+  if (rows == 0) return;
+  moe_router_kernel<<<warp_blocks((int64_t)rows * n), kWarpThreads, 0, stream>>>(x, w, logits, rows, n, k);
+  HEARTH_CHECK_LAUNCH("moe_router_kernel");
+}
+
+void launch_moe_top_k(const float* logits, int rows, int stride, int experts, int top_k,
+                      bool normalize, int32_t* pair_expert, float* pair_weight, cudaStream_t stream) {
+  HEARTH_REQUIRE(top_k > 0 && top_k <= 32 && top_k <= experts && stride >= experts,
+                 "moe top-k: between 1 and min(32, experts) experts per token");
+  if (rows == 0) return;
+  moe_top_k_kernel<<<warp_blocks(rows), kWarpThreads, 0, stream>>>(logits, rows, stride, experts, top_k,
+                                                                   normalize ? 1 : 0, pair_expert, pair_weight);
+  HEARTH_CHECK_LAUNCH("moe_top_k_kernel");
+}
+
+void launch_moe_expert_gemv(const float* x, const MoeExperts& ex, const int32_t* pair_expert,
+                            int pairs, int top_k, bool gate_up, float* out, cudaStream_t stream) {
+  check_experts(ex);
+  HEARTH_REQUIRE(top_k > 0, "moe expert gemv: top_k must be positive");
+  if (pairs == 0) return;
+  const bool nvfp4 = ex.gate_up.format == WeightFormat::NvFp4;
+  dispatch_format(nvfp4, [&](auto fp4) {
+    constexpr bool F = decltype(fp4)::value;
+    if (gate_up) {
+      moe_gate_up_gemv_kernel<F><<<warp_blocks((int64_t)pairs * ex.inter), kWarpThreads, 0, stream>>>(
+          x, ex, pair_expert, pairs, top_k, out);
+    } else {
+      moe_down_gemv_kernel<F><<<warp_blocks((int64_t)pairs * ex.hidden), kWarpThreads, 0, stream>>>(
+          x, ex, pair_expert, pairs, out);
+    }
+    return 0;
+  });
+  HEARTH_CHECK_LAUNCH("moe_expert_gemv_kernel");
+}
+
+void launch_moe_sort(const int32_t* pair_expert, int pairs, int experts, int32_t* sorted,
+                     int32_t* tiles, cudaStream_t stream) {
+  HEARTH_REQUIRE(experts > 0 && experts <= 4096 && pairs >= 0, "moe sort: bad sizes");
+  moe_sort_kernel<<<1, 1024, 2 * experts * sizeof(int), stream>>>(pair_expert, pairs, experts, sorted, tiles);
+  HEARTH_CHECK_LAUNCH("moe_sort_kernel");
+}
+
+void launch_moe_grouped(const float* x, const MoeExperts& ex, const int32_t* sorted,
+                        const int32_t* tiles, int max_tiles, int top_k, bool gate_up, bool split,
+                        float* out, cudaStream_t stream) {
+  check_experts(ex);
+  if (max_tiles == 0) return;
+  const int n = gate_up ? ex.inter : ex.hidden;
+  const dim3 grid((n + kTileN - 1) / kTileN, max_tiles);
+  const GroupedArgs args{x, ex, sorted, tiles, top_k, out};
+  const bool nvfp4 = ex.gate_up.format == WeightFormat::NvFp4;
+  dispatch_format(nvfp4, [&](auto fp4) {
+    constexpr bool F = decltype(fp4)::value;
+    if (gate_up) {
+      if (split) moe_grouped_kernel<F, true, true><<<grid, kGroupedThreads, 0, stream>>>(args);
+      else moe_grouped_kernel<F, false, true><<<grid, kGroupedThreads, 0, stream>>>(args);
+    } else {
+      if (split) moe_grouped_kernel<F, true, false><<<grid, kGroupedThreads, 0, stream>>>(args);
+      else moe_grouped_kernel<F, false, false><<<grid, kGroupedThreads, 0, stream>>>(args);
+    }
+    return 0;
+  });
+  HEARTH_CHECK_LAUNCH("moe_grouped_kernel");
+}
+
+void launch_moe_combine(float* resid, const float* y, const float* pair_weight, int rows,
+                        int top_k, int hidden, const float* shared_y, const float* shared_logit,
+                        int logit_stride, float* sum_squares, cudaStream_t stream) {
+  if (rows == 0) return;
+  moe_combine_kernel<<<rows, 256, 0, stream>>>(resid, y, pair_weight, top_k, hidden, shared_y,
+                                               shared_logit, logit_stride, sum_squares);
+  HEARTH_CHECK_LAUNCH("moe_combine_kernel");
+}
+
+}  // namespace hearth
