@@ -41,18 +41,28 @@ class GrammarConstraint:
         self.eos_ids = eos_ids
         self.tokens_seen = 0
 
+    def allowed_bits(self, vocab_size: int) -> np.ndarray:
+        """The tokens allowed now as uint32 words [ceil(vocab / 32)] (bit i % 32 of word i // 32): the
+        grammar's bitmask, the model's rows past the tokenizer's words masked; when the grammar allows
+        nothing (an error state) only the end-of-sequence tokens, so the reply ends."""
+        words = -(-vocab_size // 32)
+        raw = np.frombuffer(self.matcher.compute_bitmask(), dtype="<u4")
+        bits = np.zeros(words, dtype=np.uint32)
+        n = min(words, raw.size)
+        bits[:n] = raw[:n]
+        if vocab_size % 32 and n == words:
+            bits[-1] &= np.uint32((1 << (vocab_size % 32)) - 1)
+        if not bits.any():
+            for e in self.eos_ids:
+                if e < vocab_size:
+                    bits[e // 32] |= np.uint32(1 << (e % 32))
+        return bits
+
     def allowed_mask(self, vocab_size: int):
         import torch
 
-        bits = np.frombuffer(self.matcher.compute_bitmask(), dtype=np.uint8)
-        allowed = np.unpackbits(bits, bitorder="little").astype(bool)
-        mask = np.zeros(vocab_size, dtype=bool)   # the model's rows past the tokenizer's words stay masked
-        n = min(vocab_size, allowed.size)
-        mask[:n] = allowed[:n]
-        if not mask.any():                       # the grammar is in an error state: end the reply
-            for e in self.eos_ids:
-                if e < vocab_size:
-                    mask[e] = True
+        bits = self.allowed_bits(vocab_size)
+        mask = np.unpackbits(bits.view(np.uint8), bitorder="little")[:vocab_size].astype(bool)
         return torch.from_numpy(mask)
 
     def advance(self, token: int) -> None:

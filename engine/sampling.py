@@ -70,6 +70,23 @@ class TokenConstraint(Protocol):
     def advance(self, token: int) -> None: ...
 
 
+def mask_words(constraint: TokenConstraint, vocab_size: int):
+    """The constraint's allowed tokens as a device sampler takes them: uint32 words [ceil(vocab / 32)],
+    bit i % 32 of word i // 32 set where token i is allowed (None: no restriction). A constraint may
+    give them itself (`allowed_bits`, e.g. the grammar's own bitmask), else its bool mask is packed."""
+    import numpy as np
+
+    own = getattr(constraint, "allowed_bits", None)
+    if own is not None:
+        return own(vocab_size)
+    mask = constraint.allowed_mask(vocab_size)
+    if mask is None:
+        return None
+    bits = np.zeros(-(-vocab_size // 32) * 32, dtype=bool)
+    bits[:vocab_size] = np.asarray(mask.cpu() if hasattr(mask, "cpu") else mask, dtype=bool)[:vocab_size]
+    return np.packbits(bits, bitorder="little").view("<u4").astype(np.uint32)
+
+
 @dataclass
 class SamplerState:
     """What one sequence's sampler carries between steps."""

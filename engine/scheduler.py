@@ -199,10 +199,14 @@ class ModelLoop:
         self._accept(batch, tokens)
 
     def _host_sampling(self, states) -> bool:
-        """A token mask (structured output) or an observer (logprobs) needs the host sampler: the device
-        sampler of cuda-native takes neither, so such a step reads the logits back and samples here."""
-        return (any(st.constraint is not None or st.observer is not None for st in states)
-                and getattr(self.runner, "backend_name", "?") != "torch")
+        """An observer (logprobs) needs the host sampler, and so does a token mask (structured output)
+        where the device sampler takes none (`device_masks`; cuda-native's does): such a step reads
+        the logits back and samples here."""
+        if getattr(self.runner, "backend_name", "?") == "torch":
+            return False
+        masks_on_device = getattr(self.runner, "device_masks", False)
+        return any(st.observer is not None or (st.constraint is not None and not masks_on_device)
+                   for st in states)
 
     def _sample(self, states) -> list:
         if not self._host_sampling(states):

@@ -18,7 +18,7 @@ from ..checkpoint import CheckpointInfo
 from ..errors import (BackendUnavailable, ContextOverflow, EngineOutOfMemory, UnknownSession,
                       UnsupportedArchitecture, UnsupportedTensorType)
 from ..progress import LOADING_WEIGHTS, PREPARING_RUNNER, ByteCounter, ProgressCallback, ProgressEvent
-from ..sampling import SamplerState
+from ..sampling import SamplerState, mask_words
 from .base import ModelRunner, RunnerOptions
 
 _DTYPE_CODES = {"BF16": 0, "F16": 1, "F32": 2}
@@ -246,6 +246,7 @@ def _placements(info: CheckpointInfo, nvfp4_layers=None):
 
 class CudaRunner(ModelRunner):
     backend_name = "cuda-native"
+    device_masks = True   # the device sampler applies structured output's token mask (sampling.cu)
 
     def __init__(self, info: CheckpointInfo, options: RunnerOptions,
                  progress: Optional[ProgressCallback] = None):
@@ -394,15 +395,16 @@ class CudaRunner(ModelRunner):
         seqs = [self._seq(s) for s in seqs]
         self._call(self._m().decode, seqs, [int(t) for t in token_ids])
 
-    @staticmethod
-    def _sample_rows(states: Sequence[SamplerState]) -> list[dict]:
+    def _sample_rows(self, states: Sequence[SamplerState]) -> list[dict]:
         rows = []
         for st in states:
             p = st.params
             rows.append({"temperature": float(p.temperature), "top_k": int(p.top_k), "top_p": float(p.top_p),
                          "min_p": float(p.min_p), "repetition_penalty": float(p.repetition_penalty),
                          "seed": int(st.seed) & 0xFFFFFFFFFFFFFFFF, "step": int(st.step),
-                         "history": [int(t) for t in st.history] if p.repetition_penalty != 1.0 else []})
+                         "history": [int(t) for t in st.history] if p.repetition_penalty != 1.0 else [],
+                         "mask": (mask_words(st.constraint, self.decoder.vocab_size)
+                                  if st.constraint is not None else None)})
         return rows
 
     def sample(self, states: Sequence[SamplerState]) -> list[int]:

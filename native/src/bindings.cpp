@@ -97,9 +97,22 @@ std::vector<hearth::SampleRequest> sample_requests(const py::list& rows) {
     r.seed = d["seed"].cast<uint64_t>();
     r.step = d["step"].cast<int64_t>();
     r.history = d["history"].cast<std::vector<int32_t>>();
+    if (d.contains("mask") && !d["mask"].is_none()) r.mask = d["mask"].cast<std::vector<uint32_t>>();
     out.push_back(std::move(r));
   }
   return out;
+}
+
+using Bytes = py::array_t<uint8_t, py::array::c_style | py::array::forcecast>;
+
+// An NVFP4 weight's codes and block scales (numpy) into a load call, with the GIL released.
+template <typename Load>
+void load_packed(const Bytes& codes, const Bytes& block_scales, Load load) {
+  const uint8_t* c = codes.data();
+  const uint8_t* s = block_scales.data();
+  const int64_t cb = codes.nbytes(), sb = block_scales.nbytes();
+  py::gil_scoped_release unlocked;
+  load(c, cb, s, sb);
 }
 
 void bind_runtime(py::module_& m) {
@@ -148,28 +161,20 @@ void bind_runtime(py::module_& m) {
            py::arg("path"), py::arg("file_offset"), py::arg("nbytes"), py::arg("dtype"),
            py::arg("elem_offset"), py::arg("numel"))
       .def("load_nvfp4",
-           [](Model& self, hearth::Slot slot, int layer,
-              py::array_t<uint8_t, py::array::c_style | py::array::forcecast> codes,
-              py::array_t<uint8_t, py::array::c_style | py::array::forcecast> block_scales,
+           [](Model& self, hearth::Slot slot, int layer, const Bytes& codes, const Bytes& block_scales,
               float global_scale) {
-             const uint8_t* c = codes.data();
-             const uint8_t* s = block_scales.data();
-             const int64_t cb = codes.nbytes(), sb = block_scales.nbytes();
-             py::gil_scoped_release unlocked;
-             self.load_nvfp4(slot, layer, c, cb, s, sb, global_scale);
+             load_packed(codes, block_scales, [&](const uint8_t* c, int64_t cb, const uint8_t* s, int64_t sb) {
+               self.load_nvfp4(slot, layer, c, cb, s, sb, global_scale);
+             });
            },
            py::arg("slot"), py::arg("layer"), py::arg("codes"), py::arg("block_scales"),
            py::arg("global_scale"))
       .def("load_nvfp4_expert",
-           [](Model& self, hearth::Slot slot, int layer, int expert,
-              py::array_t<uint8_t, py::array::c_style | py::array::forcecast> codes,
-              py::array_t<uint8_t, py::array::c_style | py::array::forcecast> block_scales,
-              float global_scale) {
-             const uint8_t* c = codes.data();
-             const uint8_t* s = block_scales.data();
-             const int64_t cb = codes.nbytes(), sb = block_scales.nbytes();
-             py::gil_scoped_release unlocked;
-             self.load_nvfp4_expert(slot, layer, expert, c, cb, s, sb, global_scale);
+           [](Model& self, hearth::Slot slot, int layer, int expert, const Bytes& codes,
+              const Bytes& block_scales, float global_scale) {
+             load_packed(codes, block_scales, [&](const uint8_t* c, int64_t cb, const uint8_t* s, int64_t sb) {
+               self.load_nvfp4_expert(slot, layer, expert, c, cb, s, sb, global_scale);
+             });
            },
            py::arg("slot"), py::arg("layer"), py::arg("expert"), py::arg("codes"),
            py::arg("block_scales"), py::arg("global_scale"))

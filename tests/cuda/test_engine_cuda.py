@@ -91,3 +91,30 @@ def test_cancel_within_one_step_on_gpu(gpu_engine):
         eng.release_session(sid)
     mem = _pool(eng, mid)
     assert mem["kv_blocks_free"] == mem["kv_blocks_total"]
+
+
+def test_structured_output_masks_on_the_device_as_on_the_host(gpu_engine):
+    """A JSON-schema reply on cuda-native: its token mask goes to the device sampler with every decode
+    step (no logits read back); the same reply sampled on the host (an observer forces that path) is
+    token for token the same, and both parse and validate."""
+    import json
+
+    from engine.constraints import ConstraintFactory
+
+    eng, mid = gpu_engine
+    factory = ConstraintFactory.for_tokenizer(eng.tokenizer(mid))
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}, "ok": {"type": "boolean"}},
+              "required": ["n", "ok"], "additionalProperties": False}
+    prompt = eng.tokenizer(mid).encode("the cat sat on the")
+    params = SamplingParams(temperature=0, max_tokens=40)
+
+    def reply(observer=None):
+        events = eng.generate_tokens(mid, prompt, params, constraint=factory.json_schema(schema), observer=observer)
+        return [e for e in events if isinstance(e, Finished)][0]
+
+    on_device = reply()
+    seen = []
+    on_host = reply(observer=lambda logits, token: seen.append(token))
+    assert seen and on_device.text == on_host.text
+    value = json.loads(on_device.text)
+    assert set(value) == {"n", "ok"} and isinstance(value["n"], int) and isinstance(value["ok"], bool)

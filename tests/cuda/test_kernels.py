@@ -612,6 +612,47 @@ def test_sampling_matches_reference_sets(vocab, case):
     assert agree >= draws - 1  # the same draw as the reference, barring a rounding at a CDF edge
 
 
+@pytest.mark.parametrize("vocab", [257, 49152])
+@pytest.mark.parametrize("case", [0, 1, 5])
+def test_sampling_with_a_token_mask(vocab, case):
+    """Structured output's mask applied by the device sampler before every filter: each draw is an
+    allowed token, the same draw as the host sampler with the same mask; a row without a mask in the
+    same call is unaffected."""
+    import numpy as np
+
+    from engine.sampling import SamplerState, SamplingParams, mask_words, sample_token
+
+    class Allowed:
+        def __init__(self, mask):
+            self.mask = mask
+
+        def allowed_mask(self, vocab_size):
+            return self.mask
+
+    params = SamplingParams(**SAMPLING_CASES[case])
+    g = torch.Generator(device="cpu").manual_seed(77 + case)
+    rows = 3
+    logits = (torch.randn(rows, vocab, generator=g) * 4).cuda()
+    masks = [torch.rand(vocab, generator=g) < frac for frac in (0.01, 0.5)]
+    masks[0][vocab - 1] = True                      # the last id, past the last full word for 257
+    history = torch.randint(0, vocab, (20,), generator=g).tolist()
+    agree = draws = 0
+    for seed in range(5):
+        reqs = [_request(params, seed * 5 + r, r, history) for r in range(rows)]
+        for r in range(2):
+            reqs[r]["mask"] = mask_words(Allowed(masks[r]), vocab)
+        got = K().sample(ptr(logits), rows, vocab, reqs)
+        plain = K().sample(ptr(logits[2:]), 1, vocab, [reqs[2]])
+        assert got[2] == plain[0]
+        for r in range(2):
+            assert bool(masks[r][got[r]])
+            state = SamplerState(params=params, seed=seed * 5 + r, step=r, history=list(history))
+            state.constraint = Allowed(masks[r])
+            agree += got[r] == sample_token(logits[r].cpu(), state)
+            draws += 1
+    assert agree >= draws - 1
+
+
 def _nvfp4_weight(n, k, seed):
     """A fresh NVFP4 weight (engine.nvfp4.quantize of random values, with an all-zero block and a block
     of tiny magnitudes whose e4m3 scales are subnormal) and its float64 value on the GPU."""

@@ -1,6 +1,8 @@
-"""A device-sampling backend (cuda-native) takes no token mask: a step with a constrained or observed
-reply reads the logits back and samples on the host. Shown with a runner that samples "on the device"
-(always token 7) and exposes its logits, so which path ran is visible in the tokens."""
+"""Which sampler a step takes on a device-sampling backend: an observed reply (logprobs) reads the logits
+back and samples on the host; a constrained one does too where the device sampler takes no token mask,
+and goes to the device with its mask words where it does (cuda-native). Shown with runners that sample
+"on the device" (always token 7, or the largest allowed id under the mask words they are given) and
+expose their logits, so which path ran is visible in the tokens."""
 from __future__ import annotations
 
 import threading
@@ -82,5 +84,39 @@ def test_constrained_and_observed_rows_sample_on_the_host_others_on_the_device()
         observed = loop.submit(_request(3, observer=lambda logits, token: seen.append((logits.shape, token))))
         assert _tokens(observed) == [15, 15, 15]                 # unmasked argmax, sampled on the host
         assert seen == [((VOCAB,), 15)] * 3
+    finally:
+        loop.close()
+
+
+class DeviceMaskingRunner(DeviceSamplingRunner):
+    """Takes token masks as cuda-native's sampler does: mask words in the sampling call."""
+    device_masks = True
+
+    def sample(self, states):
+        from engine.sampling import mask_words
+
+        self.device_steps += 1
+        out = []
+        for st in states:
+            words = mask_words(st.constraint, VOCAB) if st.constraint is not None else None
+            if words is None:
+                out.append(7)
+                continue
+            allowed = np.flatnonzero(np.unpackbits(words.view(np.uint8), bitorder="little")[:VOCAB])
+            out.append(int(allowed.max()))
+        return out
+
+
+def test_a_device_that_takes_masks_samples_constrained_rows_itself():
+    runner = DeviceMaskingRunner()
+    loop = ModelLoop(runner, threading.RLock(), max_batch=4)
+    try:
+        constraint = OnlyEvenTokens()
+        constrained = loop.submit(_request(2, constraint=constraint))
+        assert _tokens(constrained) == [14, 14, 14] and constraint.seen == [14, 14, 14]
+        assert runner.device_steps == 3                          # every step on the device
+        seen = []
+        observed = loop.submit(_request(3, observer=lambda logits, token: seen.append(token)))
+        assert _tokens(observed) == [15, 15, 15] and runner.device_steps == 3   # logprobs: the host
     finally:
         loop.close()

@@ -136,3 +136,32 @@ def test_structured_output_on_the_engine_directly(default_engine):
     finished = [e for e in events if isinstance(e, Finished)][0]
     assert json.loads(finished.text) in ("red", "green", "blue")
     assert finished.stats.stop_reason == "eos"
+
+
+def test_the_grammar_mask_as_device_sampler_words(default_engine):
+    """What cuda-native's sampler receives (uint32 words, a bit per token) is the mask the host sampler
+    applies: the grammar's own words equal its bool mask packed, for a vocabulary that is not a multiple
+    of 32 too; where nothing the grammar allows is left, only end of sequence."""
+    import numpy as np
+
+    from engine.constraints import ConstraintFactory
+    from engine.sampling import mask_words
+
+    factory = ConstraintFactory.for_tokenizer(default_engine.tokenizer(MODEL))
+    constraint = factory.json_schema(SCHEMAS["string-enum"])
+
+    class BoolMaskOnly:                      # a constraint that gives only the bool mask
+        def allowed_mask(self, vocab_size):
+            return constraint.allowed_mask(vocab_size)
+
+    for vocab in (49152, 49152 - 7):
+        words = mask_words(constraint, vocab)
+        assert words.dtype == np.uint32 and words.shape == (-(-vocab // 32),)
+        np.testing.assert_array_equal(words, mask_words(BoolMaskOnly(), vocab))
+        unpacked = np.unpackbits(words.view(np.uint8), bitorder="little").astype(bool)
+        assert not unpacked[vocab:].any() and unpacked[:vocab].sum() == int(constraint.allowed_mask(vocab).sum()) > 0
+    for vocab in (40, 17):                   # rows cut short: what the grammar allows among them, else eos
+        tiny = mask_words(constraint, vocab)
+        allowed = set(np.flatnonzero(np.unpackbits(tiny.view(np.uint8), bitorder="little")[:vocab]).tolist())
+        among = set(np.flatnonzero(constraint.allowed_mask(49152).numpy()[:vocab]).tolist())
+        assert allowed == (among or {e for e in constraint.eos_ids if e < vocab})

@@ -262,13 +262,17 @@ void launch_bf16_to_f16_inplace(void* data, int64_t count, float scale, cudaStre
 // The power of two s with amax / s in [2^14, 2^15): a scaled fp16 operand's scale (1 for 0).
 float fp16_operand_scale(float amax);
 
-// sampling.cu: one token per row of logits [rows, vocab] after repetition penalty, temperature,
-// top-k, top-p, min-p (engine/sampling.py's order and meaning), drawn with the given uniform.
+// sampling.cu: one token per row of logits [rows, vocab] after a token mask (structured output),
+// repetition penalty, temperature, top-k, top-p, min-p (engine/sampling.py's order and meaning),
+// drawn with the given uniform.
 struct SampleRow {
   float temperature, top_p, min_p, penalty;
   int top_k;
   int greedy;
   int hist_offset, hist_count;  // distinct token ids in `history` the penalty applies to
+  // -1: no mask; else `history` holds ceil(vocab / 32) words from here, bit i % 32 of word i / 32
+  // set where token i is allowed (the others become -inf before every filter).
+  int mask_offset;
   double uniform;               // in [0, 1)
 };
 void launch_sample(const float* logits, int rows, int vocab, const SampleRow* params,

@@ -456,6 +456,7 @@ void launch_moe_grouped(const float* x, const MoeExperts& ex, const int32_t* sor
                         const int32_t* tiles, int max_tiles, int top_k, bool gate_up, bool split,
                         float* out, cudaStream_t stream) {
   check_experts(ex);
+  HEARTH_REQUIRE(max_tiles >= 0 && max_tiles <= 65535, "moe grouped GEMM: more tiles than a grid holds");
   if (max_tiles == 0) return;
   const int n = gate_up ? ex.inter : ex.hidden;
   const dim3 grid((n + kTileN - 1) / kTileN, max_tiles);

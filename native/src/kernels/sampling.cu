@@ -1,5 +1,5 @@
 // Logits -> one token per row, on the device, with engine/sampling.py's filters in its order:
-// repetition penalty (raw logits) -> temperature -> top-k -> top-p -> min-p, then a draw with the
+// the token mask (structured output: disallowed tokens -inf), repetition penalty (raw logits) -> temperature -> top-k -> top-p -> min-p, then a draw with the
 // given uniform u: the first kept token (vocabulary order) where the kept mass reaches u * total.
 // Greedy rows take the argmax, ties to the lowest id. One 1024-thread block per row. Each filter
 // keeps the tokens at or above a probability threshold, found by bisection on the float's bits
@@ -53,9 +53,14 @@ sample_kernel(const float* __restrict__ logits, int vocab, const SampleRow* __re
   const float* lg = logits + (size_t)row * vocab;
   float* x = work + (size_t)row * vocab;
 
-  // Greedy without a penalty reads the logits where they are (the copy was half of its time).
-  const bool in_place = prm.greedy && prm.penalty == 1.f;
+  // Greedy without a penalty or a mask reads the logits where they are (the copy was half of its time).
+  const uint32_t* mask =
+      prm.mask_offset >= 0 ? reinterpret_cast<const uint32_t*>(history + prm.mask_offset) : nullptr;
+  const bool in_place = prm.greedy && prm.penalty == 1.f && !mask;
   if (in_place) x = const_cast<float*>(lg);  // only read below
+  else if (mask)
+    for (int i = tid; i < vocab; i += blockDim.x)
+      x[i] = (mask[i >> 5] >> (i & 31)) & 1u ? lg[i] : -INFINITY;
   else
     for (int i = tid; i < vocab; i += blockDim.x) x[i] = lg[i];
   __syncthreads();

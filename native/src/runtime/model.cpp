@@ -72,6 +72,13 @@ void build_sample_rows(const std::vector<SampleRequest>& rows, int vocab,
       history->insert(history->end(), seen.begin(), seen.end());
     }
     p.hist_count = (int)history->size() - p.hist_offset;
+    p.mask_offset = -1;
+    if (!q.mask.empty()) {
+      HEARTH_REQUIRE(q.mask.size() == (size_t)(vocab + 31) / 32,
+                     "sample: a token mask holds one bit per vocabulary entry (ceil(vocab / 32) words)");
+      p.mask_offset = (int)history->size();
+      for (uint32_t w : q.mask) history->push_back((int32_t)w);
+    }
   }
 }
 

@@ -30,6 +30,7 @@ struct SampleRequest {
   uint64_t seed = 0;
   int64_t step = 0;
   std::vector<int32_t> history;
+  std::vector<uint32_t> mask;  // structured output: ceil(vocab / 32) words of allowed tokens, or empty
 };
 
 struct MemoryReport {
@@ -41,7 +42,8 @@ struct MemoryReport {
 std::vector<float> rope_inv_freq(const ModelConfig& config);  // with linear / Llama-3 scaling
 double step_uniform(uint64_t seed, int64_t step);  // engine/sampling.py's splitmix64 draw
 
-// Device sampler parameters per row and the flat list of distinct penalized ids they point into.
+// Device sampler parameters per row and the flat list they point into: each row's distinct
+// penalized ids, then its token mask's words (where it has one).
 void build_sample_rows(const std::vector<SampleRequest>& rows, int vocab,
                        std::vector<SampleRow>* params, std::vector<int32_t>* history);
 
