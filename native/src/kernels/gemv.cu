@@ -284,6 +284,18 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(GemvParams prm) {
     for (int r = 0; r < R; ++r) acc[f][r] = 0.f;
   int c = begin + lane;
   for (; c + 32 * (U - 1) < end; c += 32 * U) {
+    // NVFP4: a chunk is ~230 instructions of decoding, and ptxas issues each chunk's load just
+    // before its use (SASS of gemv_kernel<Nvfp4Codes, 1, 1, 1, 0>: one 16-byte load in flight per
+    // lane, whatever the source order or volatile), so the next iteration's chunks are prefetched
+    // into L2 (ptxas places these at the end of the iteration: the next one's 2nd-4th loads, some
+    // 230-690 instructions later, find their lines there). Not yet measured (docs/BENCHMARKS.md).
+    if constexpr (std::is_same_v<W, Nvfp4Codes>) {
+#pragma unroll
+      for (int u = 0; u < U; ++u)
+#pragma unroll
+        for (int f = 0; f < F; ++f)
+          if (c + 32 * (U + u) < end) prefetch_l2(wrow[f] + c + 32 * (U + u));
+    }
     uint4 raw[U][F];
 #pragma unroll
     for (int u = 0; u < U; ++u)
