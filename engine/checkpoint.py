@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Optional
 
 from .errors import (CheckpointNotFound, CorruptCheckpoint, MissingConfig, NotACheckpoint,
-                     UnsupportedArchitecture, UnsupportedTensorType)
+                     UnsupportedArchitecture)
 from . import validate
 from .moe import MoeLayout, layout_from_hf
 

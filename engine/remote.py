@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import re
-import threading
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path

@@ -26,7 +26,7 @@ import queue
 import socket
 import traceback
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import Sequence
 
 from .checkpoint import DecoderConfig
 from .errors import HearthError, UnsupportedArchitecture

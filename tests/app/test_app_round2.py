@@ -7,8 +7,8 @@ from PySide6.QtCore import Qt
 from PySide6.QtGui import QGuiApplication
 from PySide6.QtWidgets import QMessageBox
 
-from app.store import ERROR, ChatStore
-from app.windows.main_window import CHAT, INSPECT, MODELS
+from app.store import ERROR
+from app.windows.main_window import CHAT, MODELS
 from conftest import close
 
 SLOW = 180_000   # ms: CPU-only machines in CI are slow and shared

@@ -618,8 +618,6 @@ def test_sampling_with_a_token_mask(vocab, case):
     """Structured output's mask applied by the device sampler before every filter: each draw is an
     allowed token, the same draw as the host sampler with the same mask; a row without a mask in the
     same call is unaffected."""
-    import numpy as np
-
     from engine.sampling import SamplerState, SamplingParams, mask_words, sample_token
 
     class Allowed:

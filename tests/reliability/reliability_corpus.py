@@ -138,7 +138,6 @@ def gguf_bytes(kv: list, tensors: list, version: int = 3, magic: bytes = b"GGUF"
         offset += -offset % alignment
     data = head + body + infos
     data += b"\0" * (-len(data) % alignment)
-    start = len(data)
     payload = bytearray(max((at + len(b) for at, b in blobs), default=0))
     for at, blob in blobs:
         payload[at:at + len(blob)] = blob

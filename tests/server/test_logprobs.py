@@ -5,8 +5,6 @@ import math
 
 import httpx
 import numpy as np
-import openai
-import pytest
 
 from conftest_helpers import MODEL
 
