@@ -61,13 +61,15 @@ if [[ $STEP == all || $STEP == bench ]]; then
   # HEARTH_BENCH_ARGS: peers to bench beside cuda-native (default --hf --torch; "" for none) and
   # --precision exact to measure the exact precision too (--precision fast --precision exact).
   read -r -a bench_args <<<"${HEARTH_BENCH_ARGS---hf --torch}"
-  # HEARTH_BENCH_MODELS: the shapes to bench (default all three).
+  # HEARTH_BENCH_MODELS: the shapes to bench (default all three; "" for none).
   model_args=()
-  for shape in ${HEARTH_BENCH_MODELS:-smollm2-135m llama3.2-1b llama3.1-8b}; do model_args+=(--model "$MODELS/$shape"); done
-  timeout "${HEARTH_BENCH_TIMEOUT:-200}" python3 -m engine.bench "${bench_args[@]}" --tokens 128 --json "$OUT/bench.json" \
-    "${model_args[@]}" >"$OUT/bench.log" 2>&1
-  summary+=("bench rc=$?")
-  grep -v '^{' "$OUT/bench.log" | tail -20
+  for shape in ${HEARTH_BENCH_MODELS-smollm2-135m llama3.2-1b llama3.1-8b}; do model_args+=(--model "$MODELS/$shape"); done
+  if [[ ${#model_args[@]} -gt 0 ]]; then
+    timeout "${HEARTH_BENCH_TIMEOUT:-200}" python3 -m engine.bench "${bench_args[@]}" --tokens 128 --json "$OUT/bench.json" \
+      "${model_args[@]}" >"$OUT/bench.log" 2>&1
+    summary+=("bench rc=$?")
+    grep -v '^{' "$OUT/bench.log" | tail -20
+  fi
   # The NVFP4 checkpoints alone (no peer here loads them: transformers needs ModelOpt's kernels).
   model_args=()
   for shape in ${HEARTH_NVFP4_SHAPES-llama3.2-1b llama3.1-8b}; do model_args+=(--model "$MODELS/$shape-nvfp4"); done
