@@ -272,15 +272,6 @@ def test_bfloat16_moe_compute_is_close(synth):
     assert _rel(bf16, fp32) < 3e-2
 
 
-def test_cuda_native_moe_is_opt_in_until_measured_on_a_gpu(synth, monkeypatch):
-    from engine.backends import cuda_native
-
-    monkeypatch.delenv(cuda_native.NATIVE_MOE_SWITCH, raising=False)
-    info = inspect(synth("tiny-qwen3-moe"))
-    with pytest.raises(errors.UnsupportedArchitecture, match="mixture-of-experts.*--backend torch.*HEARTH_NATIVE_MOE=1"):
-        cuda_native.load_runner(info, info.plan, RunnerOptions(context_length=64))
-
-
 def test_cuda_native_refuses_an_moe_it_cannot_run_with_its_reason(synth):
     from dataclasses import replace
 
@@ -293,13 +284,11 @@ def test_cuda_native_refuses_an_moe_it_cannot_run_with_its_reason(synth):
 
 
 @pytest.mark.parametrize("shape", ["tiny-qwen3-moe", "tiny-qwen2-moe", "tiny-mixtral", "tiny-olmoe"])
-def test_cuda_native_maps_every_moe_tensor_once_and_plans_its_bytes(synth, shape, monkeypatch):
+def test_cuda_native_maps_every_moe_tensor_once_and_plans_its_bytes(synth, shape):
     """Every checkpoint tensor lands in exactly one native slot (experts by offset into the stacked
     slots), and the native memory plan's weights are those bytes plus the 256-byte piece alignment."""
     from engine import _native
     from engine.backends import cuda_native
-
-    monkeypatch.setenv(cuda_native.NATIVE_MOE_SWITCH, "1")
 
     # head size 32 where the tiny shape's 64 / 4 heads would give 16 (the engine's sizes start at 32)
     info = inspect(synth(shape, **({} if shape == "tiny-qwen3-moe" else {"hidden_size": 128})))

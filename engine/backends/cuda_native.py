@@ -8,7 +8,6 @@ paged KV cache, sampling) happens in native/src.
 from __future__ import annotations
 
 import ctypes
-import os
 from pathlib import Path
 from typing import Optional, Sequence
 
@@ -32,7 +31,6 @@ _LAYER_ROLES = {
     "o": ("wo", None), "gate": ("wgu", 0), "up": ("wgu", 1), "down": ("wdown", None),
 }
 _cublas_preloaded = False
-NATIVE_MOE_SWITCH = "HEARTH_NATIVE_MOE"
 
 
 def _native():
@@ -111,13 +109,6 @@ def refuse_unsupported(info: CheckpointInfo) -> None:
             raise UnsupportedArchitecture(
                 "The cuda-native backend cannot run this mixture-of-experts model: " + "; ".join(problems)
                 + ". Load it with the torch backend (--backend torch).")
-        # Scaffolding until tests/cuda/test_moe_cuda.py has passed on a GPU: the native MoE block
-        # (native/src/kernels/moe.cu) is opt-in so no one gets unmeasured output by default.
-        if os.environ.get(NATIVE_MOE_SWITCH) != "1":
-            raise UnsupportedArchitecture(
-                "The cuda-native backend's mixture-of-experts block is new and not yet validated on a GPU. "
-                "Load this model with the torch backend (--backend torch), or set "
-                f"{NATIVE_MOE_SWITCH}=1 to try the native block.")
 
 
 def _nvfp4_layers(info: CheckpointInfo):

@@ -282,6 +282,7 @@ void bind_runtime(py::module_& m) {
   k.def("bf16_to_f16_inplace", &c::bf16_to_f16_inplace, release());
   k.def("convert_to_bf16", &c::convert_to_bf16, release());
   k.def("gemv_seconds", &c::gemv_seconds, release());
+  k.def("gemv_nvfp4_seconds", &c::gemv_nvfp4_seconds, release());
   k.def("moe_block", [](const py::dict& d) {
     auto pointers = [](const py::dict& e) {
       c::MoeExpertPointers p;

@@ -681,6 +681,49 @@ def test_gemv_nvfp4_weights(rows, n, k):
     assert rel(out, x.double() @ value.T) < 1e-5
 
 
+@pytest.mark.parametrize("n,k", [(6144, 4096), (28672, 4096), (1001, 576), (100, 32)])
+def test_gemv_nvfp4_rows_do_not_depend_on_batch(n, k):
+    """An NVFP4 GEMV row is bit-identical alone and among 2..8 rows (the kernel takes 1, 2 or 4
+    tiles per warp by batch: the sums may not change with it), and near float64."""
+    t, codes, scales, value = _nvfp4_weight(n, k, seed=n + k)
+    x = torch.randn(8, k, device="cuda")
+    g = float(t.global_scale)
+    alone = torch.empty(8, n, device="cuda")
+    for r in range(8):
+        K().gemv_nvfp4(ptr(x[r]), ptr(codes), ptr(scales), g, ptr(alone[r]), 1, n, k)
+    for rows in (2, 3, 5, 8):
+        out = poison((rows, n), torch.float32)
+        K().gemv_nvfp4(ptr(x), ptr(codes), ptr(scales), g, ptr(out), rows, n, k)
+        assert torch.equal(out, alone[:rows]), rows
+    assert rel(alone, x.double() @ value.T) < 1e-5
+
+
+def test_gemv_nvfp4_bandwidth_8b_shapes():
+    """Prints the NVFP4 decode GEMV's time and packed-weight read rate (codes + block scales) on the
+    Llama-3.1-8B shapes, weights rotated through more memory than L2 holds (figures for docs)."""
+    import numpy as np
+
+    rng = np.random.default_rng(5)
+    total_bytes = total_s = 0.0
+    for name, n, k in [("qkv", 6144, 4096), ("o", 4096, 4096), ("gate_up", 28672, 4096), ("down", 4096, 14336)]:
+        per = n * k // 2 + n * k // 16
+        copies = max(1, (1 << 30) // per)
+        codes = torch.from_numpy(rng.integers(0, 256, copies * n * k // 2, dtype=np.uint8)).cuda()
+        scales = torch.from_numpy(rng.integers(0x28, 0x58, copies * n * k // 16, dtype=np.uint8)).cuda()
+        for rows in (1, 2, 4, 8):
+            x = torch.randn(rows, k, device="cuda")
+            out = torch.empty(rows, n, device="cuda")
+            s = K().gemv_nvfp4_seconds(ptr(x), ptr(codes), ptr(scales), ptr(out), rows, n, k, copies, 50)
+            assert torch.isfinite(out).all()
+            print(f"\n[gemv nvfp4 8B {name} {n}x{k} rows={rows}] {s * 1e6:.1f} us, {per / s / 1e12:.2f} TB/s",
+                  end="")
+            if rows == 1:
+                total_bytes += per
+                total_s += s
+        del codes, scales
+    print(f"\n[gemv nvfp4 8B one layer, batch 1] {total_s * 1e6:.1f} us, {total_bytes / total_s / 1e12:.2f} TB/s")
+
+
 @pytest.mark.parametrize("fp16", [True, False])
 def test_nvfp4_expands_exactly_into_16_bits(fp16):
     """e2m1 * e4m3 is exact in fp16 and bf16: the expansion times the global scale is the reference's

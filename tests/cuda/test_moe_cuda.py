@@ -22,13 +22,6 @@ GPU_OVERRIDES = {"tiny-qwen3-moe": {}, "tiny-qwen2-moe": {"hidden_size": 128}, "
                  "tiny-olmoe": {"hidden_size": 128}}
 
 
-@pytest.fixture(autouse=True)
-def _native_moe(monkeypatch):
-    from engine.backends import cuda_native
-
-    monkeypatch.setenv(cuda_native.NATIVE_MOE_SWITCH, "1")
-
-
 def K():
     from engine import _native
 
@@ -235,14 +228,23 @@ def test_moe_logits_match_the_torch_reference(synth, shape, record_property):
 
 @pytest.mark.parametrize("shape", ["tiny-qwen3-moe", "tiny-qwen2-moe"])
 def test_moe_exact_precision_is_close_to_fp32(synth, shape):
+    """The exact precision against the fp32 reference over the engine's own KV format (bf16): what
+    is left is the products' rounding. (Against an fp32 cache the bf16 cache alone gives 1.8e-3 /
+    1.5e-3 on these shapes: the torch reference with either cache, CPU, 2026-12-04.)"""
+    from engine.backends import torch_ref
+    from engine.backends.base import RunnerOptions
+
     info, ours, ref = _runners(synth(shape, seed=4, **GPU_OVERRIDES[shape]), precision="exact")
+    ref16 = torch_ref.load_runner(info, info.plan, RunnerOptions(context_length=512, kv_dtype="bfloat16"),
+                                  device="cuda")
     try:
         tokens = np.random.default_rng(3).integers(0, info.decoder.vocab_size, 200).tolist()
-        err = _rel(ours.score(tokens), ref.score(tokens))
-        print(f"\n[{shape} exact] rel {err:.3e}")
-        assert err <= 1e-3
+        got = ours.score(tokens)
+        err, err32 = _rel(got, ref16.score(tokens)), _rel(got, ref.score(tokens))
+        print(f"\n[{shape} exact] rel {err:.3e} vs the reference over a bf16 KV cache, {err32:.3e} over fp32")
+        assert err <= 5e-4
     finally:
-        _close(ours, ref)
+        _close(ours, ref, ref16)
 
 
 def test_moe_batched_greedy_equals_each_sequence_alone(synth):

@@ -11,11 +11,7 @@
 // Weights are bf16 or fp16 (WeightView): 8 per 16-byte load either way, converted to fp32 in
 // registers; a stored fp16 weight carries the tensor's power-of-two scale, which multiplies each
 // finished sum (exact), so both formats give the fp32 product of the true weights.
-// NVFP4 weights: 32 e2m1 codes per 16-byte load (a "chunk" of 32 inputs), with the chunk's two e4m3
-// block scales (one 2-byte load). Each code becomes fp16 by bit placement (sign to bit 15, the three
-// magnitude bits to bits 9-11: the value times 2^-14, exact), each half chunk's 16 products are
-// summed in fp32 and multiplied by its block scale (times 2^14), and the global scale multiplies the
-// finished sum like the fp16 format's scale: the fp32 product of the true weights up to rounding order.
+// NVFP4 weights go to gemv_nvfp4.cu (tensor cores), with the same fusions (gemv_params.cuh).
 // Launched with PDL (launch.cuh): before waiting for the previous kernel, each lane prefetches its
 // first weight chunks into L2, so the weight stream is already flowing when the activations land.
 // SwiGLU variant (launch_gemv_swiglu): the fused gate/up weight [gate rows; up rows] is walked so
@@ -27,7 +23,7 @@
 // the qkv intermediate go away at <= 4 rows.
 #include <type_traits>
 
-#include "nvfp4.cuh"
+#include "gemv_params.cuh"
 #include "rope.cuh"
 #include "../launch.cuh"
 
@@ -47,38 +43,7 @@ __device__ __forceinline__ uint4 load_stream(const uint4* p) {
   return v;
 }
 
-// What a GEMV launch does around the product (bits of the kernel's MODE).
-constexpr int kModeSwiglu = 1;    // gate/up pairs combined as silu(gate) * up (launch_gemv_swiglu)
-constexpr int kModeNorm = 2;      // x rows RMS-normalized on the fly (GemvNorm)
-constexpr int kModeResidual = 4;  // out += product, sums of squares of the new rows (GemvResidual)
-constexpr int kModeRope = 8;      // dim pairs of the qkv heads rotated and stored (launch_gemv_rope)
-constexpr int kGemvRopeMaxRows = 4;
-
-struct GemvParams {
-  const float* x;
-  const void* w;
-  float w_scale;  // true weight = stored * w_scale (a power of two; 1 for bf16; NVFP4's global scale)
-  float* out;
-  int n, k;
-  // kModeNorm: x[r] * rsqrt(sum(norm_partials[r, :norm_count]) / k + eps) * norm_weight
-  const bf16* norm_weight;
-  const float* norm_partials;
-  int norm_count;
-  float eps;
-  // kModeResidual: the block's sum of squares of each new out row, at [r, blockIdx.x]
-  float* resid_partials;
-  // kModeRope: where the rotated heads go
-  RopeTarget rope;
-  // NVFP4: the e4m3 block scales [n, k / 16], read two (one chunk) at a time
-  const uint16_t* block_scales = nullptr;
-};
-
-// The weight formats as kernel types: bf16, f16, or this tag for NVFP4.
-struct Nvfp4Codes {};
-template <typename W>
-constexpr int kValsPerLoad = 8;  // inputs covered by one 16-byte weight load
-template <>
-constexpr int kValsPerLoad<Nvfp4Codes> = 32;
+constexpr int kValsPerLoad = 8;  // inputs covered by one 16-byte weight load (bf16 or fp16)
 
 // acc[f][r] += dot(8 weights of feature f, x[r, 8c : 8c + 8]) for F features at once: each
 // activation chunk is loaded once (from L1) and used for the F weight rows. The expression per
@@ -130,86 +95,6 @@ __device__ __forceinline__ void fma8(const uint4 (&raw)[F], const float* __restr
   }
 }
 
-// fma8's NVFP4 counterpart: chunk c holds inputs 32c .. 32c + 31 of F weight rows (raw) with their
-// block scales (two e4m3 bytes per row in `scales`). Per half chunk and feature, the 16 products
-// are summed in fp32, then scaled by the block scale: the same expression whatever F and R.
-template <int R, int F, bool NORM>
-__device__ __forceinline__ void fma32(const uint4 (&raw)[F], const uint32_t (&scales)[F],
-                                      const float* __restrict__ x, int k, int c, float (&acc)[F][R],
-                                      const bf16* __restrict__ norm_w, const float* inv_rms) {
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    float wf[F][16];
-    float block[F];
-#pragma unroll
-    for (int f = 0; f < F; ++f) {
-      const uint32_t* words = reinterpret_cast<const uint32_t*>(&raw[f]) + 2 * h;
-#pragma unroll
-      for (int wd = 0; wd < 2; ++wd)
-#pragma unroll
-        for (int b = 0; b < 4; ++b) {
-          const float2 v = e2m1_pair_scaled((words[wd] >> (8 * b)) & 0xFFu);
-          wf[f][8 * wd + 2 * b] = v.x;
-          wf[f][8 * wd + 2 * b + 1] = v.y;
-        }
-      block[f] = e4m3_value((scales[f] >> (8 * h)) & 0xFFu) * kE2m1Unscale;
-    }
-    const int x0 = 32 * c + 16 * h;  // first input of this half chunk
-    float nw[16];
-    if constexpr (NORM) {
-#pragma unroll
-      for (int q = 0; q < 2; ++q) {
-        const uint4 raw_w = __ldg(reinterpret_cast<const uint4*>(norm_w + x0) + q);
-        const __nv_bfloat162* pairs = reinterpret_cast<const __nv_bfloat162*>(&raw_w);
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const float2 v = __bfloat1622float2(pairs[e]);
-          nw[8 * q + 2 * e] = v.x;
-          nw[8 * q + 2 * e + 1] = v.y;
-        }
-      }
-    }
-#pragma unroll
-    for (int r = 0; r < R; ++r) {
-      const float4* xr = reinterpret_cast<const float4*>(x + (size_t)r * k + x0);
-      float xv[16];
-#pragma unroll
-      for (int q = 0; q < 4; ++q) {
-        const float4 a = __ldg(xr + q);
-        xv[4 * q] = a.x, xv[4 * q + 1] = a.y, xv[4 * q + 2] = a.z, xv[4 * q + 3] = a.w;
-      }
-      if constexpr (NORM) {
-        const float inv = inv_rms[r];
-#pragma unroll
-        for (int i = 0; i < 16; ++i) xv[i] = xv[i] * inv * nw[i];
-      }
-#pragma unroll
-      for (int f = 0; f < F; ++f) {
-        float dot = 0.f;
-#pragma unroll
-        for (int i = 0; i < 16; ++i) dot += wf[f][i] * xv[i];
-        acc[f][r] += dot * block[f];
-      }
-    }
-  }
-}
-
-// One chunk of F weight rows into acc, whatever the format.
-template <typename W, int R, int F, bool NORM>
-__device__ __forceinline__ void fma_chunk(const uint4 (&raw)[F], const uint16_t* const (&srow)[F],
-                                          const float* __restrict__ x, int k, int c,
-                                          float (&acc)[F][R], const bf16* __restrict__ norm_w,
-                                          const float* inv_rms) {
-  if constexpr (std::is_same_v<W, Nvfp4Codes>) {
-    uint32_t scales[F];
-#pragma unroll
-    for (int f = 0; f < F; ++f) scales[f] = __ldg(srow[f] + c);
-    fma32<R, F, NORM>(raw, scales, x, k, c, acc, norm_w, inv_rms);
-  } else {
-    fma8<W, R, F, NORM>(raw, x, k, c, acc, norm_w, inv_rms);
-  }
-}
-
 // The weight row of virtual feature v. Plain: v. Paired modes (P features per block): the first
 // P / 2 features of a block are the first members of P / 2 consecutive pairs, the next P / 2 the
 // matching second members. SwiGLU (n = 2 * inter): pair j = (gate row j, up row j). Rope (head
@@ -243,17 +128,15 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(GemvParams prm) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int f0 = (blockIdx.x * kGroups + warp / WPR) * F;
   const int part = warp % WPR;
-  const int vecs = k / kValsPerLoad<W>;  // 16-byte weight loads per row
+  const int vecs = k / kValsPerLoad;  // 16-byte weight loads per row
   const int per = (vecs + WPR - 1) / WPR;
   const int begin = part * per;
   const int end = f0 < n ? min(vecs, begin + per) : begin;  // idle warp: no work, still syncs
   const uint4* wrow[F];
-  const uint16_t* srow[F] = {};  // NVFP4: the row's block scales, two per chunk
 #pragma unroll
   for (int f = 0; f < F; ++f) {
     const size_t row = (size_t)weight_row<MODE, kPerBlock>(min(f0 + f, n - 1), n, prm.rope.head_dim / 2);
     wrow[f] = reinterpret_cast<const uint4*>(prm.w) + row * vecs;
-    if constexpr (std::is_same_v<W, Nvfp4Codes>) srow[f] = prm.block_scales + row * vecs;
   }
   // Weights never change during a forward pass: start their stream before the previous kernel ends.
 #pragma unroll
@@ -284,18 +167,6 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(GemvParams prm) {
     for (int r = 0; r < R; ++r) acc[f][r] = 0.f;
   int c = begin + lane;
   for (; c + 32 * (U - 1) < end; c += 32 * U) {
-    // NVFP4: a chunk is ~230 instructions of decoding, and ptxas issues each chunk's load just
-    // before its use (SASS of gemv_kernel<Nvfp4Codes, 1, 1, 1, 0>: one 16-byte load in flight per
-    // lane, whatever the source order or volatile), so the next iteration's chunks are prefetched
-    // into L2 (ptxas places these at the end of the iteration: the next one's 2nd-4th loads, some
-    // 230-690 instructions later, find their lines there). Not yet measured (docs/BENCHMARKS.md).
-    if constexpr (std::is_same_v<W, Nvfp4Codes>) {
-#pragma unroll
-      for (int u = 0; u < U; ++u)
-#pragma unroll
-        for (int f = 0; f < F; ++f)
-          if (c + 32 * (U + u) < end) prefetch_l2(wrow[f] + c + 32 * (U + u));
-    }
     uint4 raw[U][F];
 #pragma unroll
     for (int u = 0; u < U; ++u)
@@ -303,13 +174,13 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(GemvParams prm) {
       for (int f = 0; f < F; ++f) raw[u][f] = load_stream(wrow[f] + c + 32 * u);
 #pragma unroll
     for (int u = 0; u < U; ++u)
-      fma_chunk<W, R, F, NORM>(raw[u], srow, x, k, c + 32 * u, acc, prm.norm_weight, inv_rms);
+      fma8<W, R, F, NORM>(raw[u], x, k, c + 32 * u, acc, prm.norm_weight, inv_rms);
   }
   for (; c < end; c += 32) {
     uint4 raw[F];
 #pragma unroll
     for (int f = 0; f < F; ++f) raw[f] = load_stream(wrow[f] + c);
-    fma_chunk<W, R, F, NORM>(raw, srow, x, k, c, acc, prm.norm_weight, inv_rms);
+    fma8<W, R, F, NORM>(raw, x, k, c, acc, prm.norm_weight, inv_rms);
   }
 
 #pragma unroll
@@ -456,11 +327,7 @@ void launch_any(GemvParams prm, const WeightView& w, int rows, int mode, cudaStr
   HEARTH_REQUIRE(gemv_k_supported(prm.k, w.format), "gemv: k must be a multiple of 8 (32 for NVFP4)");
   switch (w.format) {
     case WeightFormat::Fp16: launch_format<f16>(prm, rows, mode, w.format, stream); break;
-    case WeightFormat::NvFp4:
-      HEARTH_REQUIRE(w.block_scales, "gemv: an NVFP4 weight needs its block scales");
-      prm.block_scales = reinterpret_cast<const uint16_t*>(w.block_scales);
-      launch_format<Nvfp4Codes>(prm, rows, mode, w.format, stream);
-      break;
+    case WeightFormat::NvFp4: launch_gemv_nvfp4(prm, w.block_scales, rows, mode, stream); return;
     default: launch_format<bf16>(prm, rows, mode, w.format, stream); break;
   }
   HEARTH_CHECK_LAUNCH("gemv_kernel");
@@ -485,9 +352,10 @@ bool gemv_k_supported(int k, WeightFormat format) {
 
 int gemv_warps_per_row(int n, int k, WeightFormat format) {
   // Split along k while the GPU holds fewer than ~16k warps of work and each warp keeps at least
-  // 128 loads (2 KB) per lane group to stream.
+  // 128 loads (2 KB) per lane group to stream. (NVFP4: 8, always: gemv_nvfp4.cu.)
+  if (format == WeightFormat::NvFp4) return kGemvWarps;
   int wpr = 1;
-  const int vecs = k / (format == WeightFormat::NvFp4 ? 32 : 8);
+  const int vecs = k / 8;
   while (wpr < kGemvWarps && (long long)n * wpr < 16384 && vecs / (wpr * 2) >= 128) wpr *= 2;
   return wpr;
 }
@@ -495,6 +363,7 @@ int gemv_warps_per_row(int n, int k, WeightFormat format) {
 int gemv_features_per_warp(int rows) { return rows <= 1 ? 1 : 4; }
 
 int gemv_blocks(int rows, int n, int k, WeightFormat format) {
+  if (format == WeightFormat::NvFp4) return gemv_nvfp4_blocks(rows, n);
   const int per_block = kGemvWarps / gemv_warps_per_row(n, k, format) * gemv_features_per_warp(rows);
   return (n + per_block - 1) / per_block;
 }
@@ -514,6 +383,7 @@ void launch_gemv(const float* x, const WeightView& w, float* out, int rows, int 
 
 // The paired modes (weight_row): each block's features must be whole pairs, n / 2 pairs in all.
 bool pairs_fill_blocks(int rows, int n, int k, WeightFormat format) {
+  if (format == WeightFormat::NvFp4) return n % 2 == 0;  // its tiles take any count of pairs
   const int per_block = kGemvWarps / gemv_warps_per_row(n, k, format) * gemv_features_per_warp(rows);
   return per_block % 2 == 0 && (n / 2) % (per_block / 2) == 0;
 }

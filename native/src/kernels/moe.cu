@@ -8,10 +8,11 @@
 //            down      y[p, n]   = act[p] . down_e[n]
 //   many rows (prefill, large batches): the pairs sorted by expert into tiles of kMoeTileRows
 //            (sort, one block, on the device: nothing goes back to the host, so decode graphs
-//            capture it), then a tensor-core grouped GEMM per (tile, 64 outputs) computing the same
-//            two products over bf16 operands (the activation as bf16 hi + lo, two products, for the
-//            exact precision); tiles past the sort's count exit at once, so an expert no token
-//            chose costs no read;
+//            capture it), then a tensor-core grouped GEMM per (tile, 64 outputs): the fast
+//            precision one product over fp16 operands (activations clamped to fp16's range;
+//            bf16 and e2m1 * e4m3 weights are exact in fp16 down to its subnormals), the exact
+//            precision two over bf16 operands (the activation as bf16 hi + lo); tiles past the
+//            sort's count exit at once, so an expert no token chose costs no read;
 //   combine  resid[t] += sum_j w[t, j] * y[t * k + j] (+ sigmoid(gate logit) * shared y[t]), in a
 //            fixed order, and the row's sum of squares for the next layer's fused GEMV norm.
 // Expert weights are bf16 (both precisions) or NVFP4 (codes and e4m3 block scales read directly;
@@ -226,23 +227,37 @@ struct GroupedSmem {
   static constexpr int kBytes = kOperandBytes > kResultBytes ? kOperandBytes : kResultBytes;
 };
 
-// Rows [n0, n0 + 64) of a weight (bf16 rows of k, or NVFP4), inputs [k0, k0 + 32), as bf16 into
-// dst [64][kLd]; rows past n_end and inputs past k are zero.
-template <bool NVFP4>
+template <typename T>
+__device__ __forceinline__ T to_operand(float v) {
+  if constexpr (std::is_same_v<T, bf16>) return __float2bfloat16(v);
+  else return __float2half_rn(v);
+}
+
+// Rows [n0, n0 + 64) of a weight (bf16 rows of k, or NVFP4), inputs [k0, k0 + 32), as T (bf16 or
+// fp16) into dst [64][kLd]; rows past n_end and inputs past k are zero.
+template <bool NVFP4, typename T>
 __device__ __forceinline__ void load_weight_tile(const WeightView& w, size_t row0, int rows_valid,
-                                                 int k, int k0, bf16* dst) {
+                                                 int k, int k0, T* dst) {
   if constexpr (!NVFP4) {
     for (int q = threadIdx.x; q < kTileN * (kTileK / 8); q += kGroupedThreads) {
       const int r = q / (kTileK / 8), c = (q % (kTileK / 8)) * 8;
       uint4 v = make_uint4(0, 0, 0, 0);
       if (r < rows_valid && k0 + c < k)
         v = __ldg(reinterpret_cast<const uint4*>(static_cast<const bf16*>(w.data) + (row0 + r) * k + k0 + c));
-      *reinterpret_cast<uint4*>(dst + r * kLd + c) = v;
+      if constexpr (std::is_same_v<T, bf16>) {
+        *reinterpret_cast<uint4*>(dst + r * kLd + c) = v;
+      } else {
+        const __nv_bfloat162* pairs = reinterpret_cast<const __nv_bfloat162*>(&v);
+        __half2 h[4];
+#pragma unroll
+        for (int e = 0; e < 4; ++e) h[e] = __float22half2_rn(__bfloat1622float2(pairs[e]));
+        *reinterpret_cast<uint4*>(dst + r * kLd + c) = *reinterpret_cast<const uint4*>(h);
+      }
     }
   } else {
     for (int q = threadIdx.x; q < kTileN * (kTileK / 16); q += kGroupedThreads) {
       const int r = q / (kTileK / 16), c = (q % (kTileK / 16)) * 16;
-      bf16* d = dst + r * kLd + c;
+      T* d = dst + r * kLd + c;
       if (r < rows_valid && k0 + c < k) {
         const size_t row = row0 + r;
         const uint2 raw = __ldg(reinterpret_cast<const uint2*>(static_cast<const uint8_t*>(w.data) +
@@ -252,12 +267,12 @@ __device__ __forceinline__ void load_weight_tile(const WeightView& w, size_t row
         for (int b = 0; b < 8; ++b) {
           const uint32_t byte = ((b < 4 ? raw.x : raw.y) >> (8 * (b & 3))) & 0xFFu;
           const float2 v = e2m1_pair_scaled(byte);
-          d[2 * b] = __float2bfloat16(v.x * s);  // exact: e2m1 * e4m3 has at most 6 significant bits
-          d[2 * b + 1] = __float2bfloat16(v.y * s);
+          d[2 * b] = to_operand<T>(v.x * s);  // exact: e2m1 * e4m3 has at most 6 significant bits
+          d[2 * b + 1] = to_operand<T>(v.y * s);
         }
       } else {
 #pragma unroll
-        for (int b = 0; b < 16; ++b) d[b] = __float2bfloat16(0.f);
+        for (int b = 0; b < 16; ++b) d[b] = to_operand<T>(0.f);
       }
     }
   }
@@ -267,6 +282,7 @@ template <bool NVFP4, bool SPLIT, bool GATE_UP>
 __global__ void __launch_bounds__(kGroupedThreads) moe_grouped_kernel(GroupedArgs a) {
   using namespace nvcuda;
   using Smem = GroupedSmem<SPLIT, GATE_UP>;
+  using T = std::conditional_t<SPLIT, bf16, __half>;  // the operands: exact (split) or fast
   __shared__ __align__(128) unsigned char smem[Smem::kBytes];
   const int tile = blockIdx.y;
   if (tile >= a.tiles[0]) return;
@@ -278,9 +294,9 @@ __global__ void __launch_bounds__(kGroupedThreads) moe_grouped_kernel(GroupedArg
   const WeightView& w = GATE_UP ? a.ex.gate_up : a.ex.down;
   const size_t first_row = GATE_UP ? (size_t)e * 2 * I + n0 : (size_t)e * H + n0;
 
-  bf16* a_hi = reinterpret_cast<bf16*>(smem);
-  bf16* a_lo = a_hi + (SPLIT ? kMoeTileRows * kLd : 0);
-  bf16* b_tile = a_hi + (SPLIT ? 2 : 1) * kMoeTileRows * kLd;  // [gate; up] for GATE_UP
+  T* a_hi = reinterpret_cast<T*>(smem);
+  T* a_lo = a_hi + (SPLIT ? kMoeTileRows * kLd : 0);
+  T* b_tile = a_hi + (SPLIT ? 2 : 1) * kMoeTileRows * kLd;  // [gate; up] for GATE_UP
   const int warp = threadIdx.x >> 5;
   const int wr = (warp >> 1) * 32, wc = (warp & 1) * 32;
   constexpr int kParts = GATE_UP ? 2 : 1;
@@ -305,17 +321,21 @@ __global__ void __launch_bounds__(kGroupedThreads) moe_grouped_kernel(GroupedArg
       const float f[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
-        const bf16 hi = __float2bfloat16(f[i]);
-        a_hi[r * kLd + c + i] = hi;
-        if constexpr (SPLIT) a_lo[r * kLd + c + i] = __float2bfloat16(f[i] - __bfloat162float(hi));
+        if constexpr (SPLIT) {
+          const bf16 hi = __float2bfloat16(f[i]);
+          a_hi[r * kLd + c + i] = hi;
+          a_lo[r * kLd + c + i] = __float2bfloat16(f[i] - __bfloat162float(hi));
+        } else {
+          a_hi[r * kLd + c + i] = __float2half_rn(fminf(fmaxf(f[i], -65504.f), 65504.f));
+        }
       }
     }
-    load_weight_tile<NVFP4>(w, first_row, n_valid, K, k0, b_tile);
-    if constexpr (GATE_UP) load_weight_tile<NVFP4>(w, first_row + I, n_valid, K, k0, b_tile + kTileN * kLd);
+    load_weight_tile<NVFP4, T>(w, first_row, n_valid, K, k0, b_tile);
+    if constexpr (GATE_UP) load_weight_tile<NVFP4, T>(w, first_row + I, n_valid, K, k0, b_tile + kTileN * kLd);
     __syncthreads();
 #pragma unroll
     for (int kk = 0; kk < kTileK; kk += 16) {
-      wmma::fragment<wmma::matrix_a, 16, 16, 16, bf16, wmma::row_major> fa[2], fl[2];
+      wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major> fa[2], fl[2];
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
         wmma::load_matrix_sync(fa[i], a_hi + (wr + 16 * i) * kLd + kk, kLd);
@@ -325,7 +345,7 @@ __global__ void __launch_bounds__(kGroupedThreads) moe_grouped_kernel(GroupedArg
       for (int q = 0; q < kParts; ++q) {
 #pragma unroll
         for (int j = 0; j < 2; ++j) {
-          wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::col_major> fb;
+          wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::col_major> fb;
           wmma::load_matrix_sync(fb, b_tile + q * kTileN * kLd + (wc + 16 * j) * kLd + kk, kLd);
 #pragma unroll
           for (int i = 0; i < 2; ++i) {

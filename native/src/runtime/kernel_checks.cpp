@@ -2,6 +2,7 @@
 #include "kernel_checks.h"
 
 #include <algorithm>
+#include <functional>
 
 #include "device_memory.h"
 
@@ -194,14 +195,13 @@ void decode_attention_launch(uintptr_t q, uintptr_t k_cache, uintptr_t v_cache,
   launch_decode_attention(p, 0, 32, P<float>(part_ml), P<float>(part_acc), P<int>(counters), 0);
 }
 
-double gemv_seconds(uintptr_t x, uintptr_t w, uintptr_t out, int rows, int n, int k, int copies,
-                    int reps) {
+// Seconds per launch of launch_gemv over `copies` weights in turn (more bytes than L2 holds).
+static double gemv_time(uintptr_t x, uintptr_t out, int rows, int n, int k, int copies, int reps,
+                        const std::function<WeightView(int)>& at) {
   HEARTH_REQUIRE(copies > 0 && reps > 0, "gemv_seconds: copies and reps must be positive");
   cudaEvent_t start, stop;
   HEARTH_CUDA(cudaEventCreate(&start));
   HEARTH_CUDA(cudaEventCreate(&stop));
-  const bf16* base = P<const bf16>(w);
-  auto at = [&](int i) { return WeightView{base + (size_t)(i % copies) * n * k, WeightFormat::Bf16, 1.f}; };
   launch_gemv(P<const float>(x), at(0), P<float>(out), rows, n, k, 0);  // warm-up
   HEARTH_CUDA(cudaEventRecord(start, 0));
   for (int i = 0; i < reps; ++i) launch_gemv(P<const float>(x), at(i), P<float>(out), rows, n, k, 0);
@@ -212,6 +212,24 @@ double gemv_seconds(uintptr_t x, uintptr_t w, uintptr_t out, int rows, int n, in
   cudaEventDestroy(start);
   cudaEventDestroy(stop);
   return ms / 1e3 / reps;
+}
+
+double gemv_seconds(uintptr_t x, uintptr_t w, uintptr_t out, int rows, int n, int k, int copies,
+                    int reps) {
+  const bf16* base = P<const bf16>(w);
+  return gemv_time(x, out, rows, n, k, copies, reps, [&](int i) {
+    return WeightView{base + (size_t)(i % copies) * n * k, WeightFormat::Bf16, 1.f};
+  });
+}
+
+double gemv_nvfp4_seconds(uintptr_t x, uintptr_t codes, uintptr_t block_scales, uintptr_t out, int rows,
+                          int n, int k, int copies, int reps) {
+  const uint8_t* c = P<const uint8_t>(codes);
+  const uint8_t* s = P<const uint8_t>(block_scales);
+  return gemv_time(x, out, rows, n, k, copies, reps, [&](int i) {
+    return nvfp4_view(reinterpret_cast<uintptr_t>(c + (size_t)(i % copies) * n * (k / 2)),
+                      reinterpret_cast<uintptr_t>(s + (size_t)(i % copies) * n * (k / 16)), 1.f);
+  });
 }
 
 void convert_to_bf16(uintptr_t src, int src_dtype, uintptr_t dst, int64_t count) {

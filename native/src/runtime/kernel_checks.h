@@ -61,6 +61,8 @@ void bf16_to_f16_inplace(uintptr_t data, int64_t count, float scale);
 // `copies` weight matrices laid end to end at w so the weights come from HBM, not L2.
 double gemv_seconds(uintptr_t x, uintptr_t w, uintptr_t out, int rows, int n, int k, int copies,
                     int reps);
+double gemv_nvfp4_seconds(uintptr_t x, uintptr_t codes, uintptr_t block_scales, uintptr_t out, int rows,
+                          int n, int k, int copies, int reps);
 void convert_to_bf16(uintptr_t src, int src_dtype, uintptr_t dst, int64_t count);
 // The mixture-of-experts block as Model::moe_block runs it, on rows x [rows, hidden] that are
 // already normalized: router (its rows, then the shared expert's gate row where shared_inter > 0),
