@@ -8,6 +8,7 @@ paged KV cache, sampling) happens in native/src.
 from __future__ import annotations
 
 import ctypes
+import os
 from pathlib import Path
 from typing import Optional, Sequence
 
