@@ -177,6 +177,10 @@ def _close(*runners):
 
 
 def _check_model(path, label, record_property):
+    """The fast precision's bar over the engine's own KV format: ours and the torch reference in bf16
+    (both with a bf16 cache) against the fp32 reference over a bf16 cache. Against an fp32 cache the
+    cache's own rounding dominates on these tiny random shapes (tiny-mixtral: 9.1e-3 for the exact
+    precision, 7.2e-3 fast, 5.2e-3 torch bf16; H200, 2026-12-04), printed too."""
     from engine.backends import torch_ref
     from engine.backends.base import RunnerOptions
 
@@ -184,26 +188,27 @@ def _check_model(path, label, record_property):
     try:
         tokens = np.random.default_rng(7).integers(0, info.decoder.vocab_size, 300).tolist()
         expected = ref.score(tokens)
+        ref16 = torch_ref.load_runner(info, info.plan, RunnerOptions(context_length=512, kv_dtype="bfloat16"),
+                                      device="cuda")
+        try:
+            expected16 = ref16.score(tokens)
+        finally:
+            ref16.close()
         bf16 = torch_ref.load_runner(info, info.plan, RunnerOptions(context_length=512, compute_dtype="bfloat16"),
                                      device="cuda")
         try:
-            bar = _rel(bf16.score(tokens), expected)
+            theirs = bf16.score(tokens)
         finally:
             bf16.close()
+        bar, bar16 = _rel(theirs, expected), _rel(theirs, expected16)
         got = ours.score(tokens)
-        rel = _rel(got, expected)
+        rel, rel16 = _rel(got, expected), _rel(got, expected16)
         top1 = float(np.mean(got.argmax(-1) == expected.argmax(-1)))
-        ref16 = torch_ref.load_runner(info, info.plan, RunnerOptions(context_length=512, kv_dtype="bfloat16"),
-                                      device="cuda")
-        try:  # how much of it is the bf16 KV cache (printed, for the record)
-            print(f"\n[{label}] vs the reference over a bf16 KV cache: rel {_rel(got, ref16.score(tokens)):.3e}", end="")
-        finally:
-            ref16.close()
-        print(f"\n[{label}] teacher-forced 300 tokens vs torch fp32: rel {rel:.3e}, top-1 {top1 * 100:.2f}%; "
-              f"torch bf16: rel {bar:.3e}")
-        record_property("rel_error", rel)
-        record_property("bf16_rel_error", bar)
-        assert np.isfinite(got).all() and rel <= bar
+        print(f"\n[{label}] teacher-forced 300 tokens vs torch fp32 over a bf16 KV cache: rel {rel16:.3e} "
+              f"(torch bf16 {bar16:.3e}); over an fp32 cache {rel:.3e} (torch bf16 {bar:.3e}), top-1 {top1 * 100:.2f}%")
+        record_property("rel_error", rel16)
+        record_property("bf16_rel_error", bar16)
+        assert np.isfinite(got).all() and rel16 <= bar16
         seq = ours.allocate_sequence()
         ours.prefill(seq, tokens[:290])
         rows = [ours.last_logits()[0]]
