@@ -92,9 +92,9 @@ BLOCK_CASES = [  # (path, rows, nvfp4, split, shared, normalize, bar)
     ("gemv", 5, False, False, True, False, 1e-5),
     ("gemv", 8, True, False, True, True, 1e-5),
     ("grouped", 300, False, True, False, True, 5e-5),     # exact: hi + lo products
-    ("grouped", 300, False, False, True, False, 1e-2),    # fast: one bf16 product
+    ("grouped", 300, False, False, True, False, 2e-3),    # fast: one fp16 product (3.8e-4 measured)
     ("grouped", 700, True, True, True, True, 5e-5),
-    ("grouped", 97, True, False, False, False, 1e-2),
+    ("grouped", 97, True, False, False, False, 2e-3),
 ]
 
 

@@ -24,6 +24,7 @@
 #include "../common.cuh"
 #include "../launch.cuh"
 #include "gemv_params.cuh"
+#include "nvfp4_mma.cuh"
 #include "rope.cuh"
 
 namespace hearth {
@@ -32,52 +33,8 @@ namespace {
 
 constexpr int kWarps = 8;
 constexpr int kThreads = kWarps * 32;
-constexpr int kStepInputs = 128;
-
-__device__ __forceinline__ uint4 load_stream(const uint4* p) {
-  uint4 v;
-  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-      : "l"(p));
-  return v;
-}
-
-// Codes I and I + 4 of a word (code j in bits 4j .. 4j + 3) as a bf16 pair, each e2m1 * 2^-126:
-// the sign to bit 15, the three magnitude bits to bits 6-8 (the exponent's low two bits and the
-// mantissa's first), in both halves at once.
-template <int I>
-__device__ __forceinline__ uint32_t e2m1_pair_bf16(uint32_t word) {
-  const uint32_t s = word << (12 - 4 * I);
-  return (s & 0x80008000u) | ((s & 0x70007000u) >> 6);
-}
-
-// Two e4m3 block scales (the low two bytes of u) times 2^119, in fp32: the bytes placed into fp16
-// bits give scale * 2^-8 exactly, subnormal scales included.
-__device__ __forceinline__ float2 block_scales_2p119(uint32_t u) {
-  const uint32_t bits = ((u & 0x7Fu) << 7) | ((u & 0x80u) << 8) | ((u & 0x7F00u) << 15) | ((u & 0x8000u) << 16);
-  const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&bits));
-  return make_float2(f.x * 0x1p127f, f.y * 0x1p127f);
-}
-
-__device__ __forceinline__ uint32_t bf16_pair(float lo, float hi) {
-  const __nv_bfloat162 r = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<const uint32_t*>(&r);
-}
-
-__device__ __forceinline__ uint32_t bf16_mul2(uint32_t a, uint32_t b) {
-  const __nv_bfloat162 r = __hmul2(*reinterpret_cast<const __nv_bfloat162*>(&a),
-                                   *reinterpret_cast<const __nv_bfloat162*>(&b));
-  return *reinterpret_cast<const uint32_t*>(&r);
-}
-
-__device__ __forceinline__ void mma_bf16(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
-                                         uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
+using nvfp4_mma::kStepInputs;
+using nvfp4_mma::load_stream;
 
 // The weight row that half h (0: mma rows 0-7, 1: rows 8-15) of tile `tile` gives lane group g.
 // Plain: 16 consecutive rows per tile. Paired modes: the tile's 8 pairs, first members in rows
@@ -152,51 +109,29 @@ __global__ void __launch_bounds__(kThreads) gemv_nvfp4_kernel(GemvParams prm, co
         w[i][h] = ok ? load_stream(wrow[i][h] + s * 4 + t) : make_uint4(0, 0, 0, 0);
         sc[i][h] = ok ? (uint32_t)__ldg(srow[i][h] + s * 4 + t) : 0u;
       }
+    float4 xv[8];
     const float4* xp = reinterpret_cast<const float4*>(xr + in0);
 #pragma unroll
-    for (int wd = 0; wd < 4; ++wd) {  // word wd: inputs in0 + 8 wd .. + 7, block scale wd / 2
-      float4 a = make_float4(0.f, 0.f, 0.f, 0.f), b = a;
+    for (int q = 0; q < 8; ++q) {
+      xv[q] = make_float4(0.f, 0.f, 0.f, 0.f);
+      if (ok && has_x) xv[q] = __ldg(xp + q);
+    }
+    if constexpr (NORM) {  // the norm's weight; 1 / rms multiplies the finished sums
       if (ok && has_x) {
-        a = __ldg(xp + 2 * wd);
-        b = __ldg(xp + 2 * wd + 1);
-        if constexpr (NORM) {
-          const uint4 raw = __ldg(reinterpret_cast<const uint4*>(prm.norm_weight + in0 + 8 * wd));
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          const uint4 raw = __ldg(reinterpret_cast<const uint4*>(prm.norm_weight + in0) + q);
           const __nv_bfloat162* nw = reinterpret_cast<const __nv_bfloat162*>(&raw);
           const float2 n0 = __bfloat1622float2(nw[0]), n1 = __bfloat1622float2(nw[1]);
           const float2 n2 = __bfloat1622float2(nw[2]), n3 = __bfloat1622float2(nw[3]);
+          float4& a = xv[2 * q];
+          float4& b = xv[2 * q + 1];
           a = make_float4(a.x * n0.x, a.y * n0.y, a.z * n1.x, a.w * n1.y);
           b = make_float4(b.x * n2.x, b.y * n2.y, b.z * n3.x, b.w * n3.y);
         }
       }
-      // Activation pairs (input j, input j + 4) as the codes pair up; hi + lo carry ~16 bits.
-      const float av[4] = {a.x, a.y, a.z, a.w}, bv[4] = {b.x, b.y, b.z, b.w};
-      uint32_t hi[4], lo[4];
-#pragma unroll
-      for (int p = 0; p < 4; ++p) {
-        hi[p] = bf16_pair(av[p], bv[p]);
-        lo[p] = bf16_pair(av[p] - __uint_as_float(hi[p] << 16), bv[p] - __uint_as_float(hi[p] & 0xFFFF0000u));
-      }
-#pragma unroll
-      for (int i = 0; i < FT; ++i) {
-        uint32_t P[2][4];
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const float2 sf = block_scales_2p119(sc[i][h]);
-          const float sv = wd < 2 ? sf.x : sf.y;
-          const uint32_t S = bf16_pair(sv, sv);
-          const uint32_t q = (&w[i][h].x)[wd];
-          P[h][0] = bf16_mul2(e2m1_pair_bf16<0>(q), S);
-          P[h][1] = bf16_mul2(e2m1_pair_bf16<1>(q), S);
-          P[h][2] = bf16_mul2(e2m1_pair_bf16<2>(q), S);
-          P[h][3] = bf16_mul2(e2m1_pair_bf16<3>(q), S);
-        }
-        // A: rows g / g + 8 at k slots (2t, 2t + 1) and (2t + 8, 2t + 9); B: the same slots.
-        mma_bf16(acc[i], P[0][0], P[1][0], P[0][1], P[1][1], hi[0], hi[1]);
-        mma_bf16(acc[i], P[0][2], P[1][2], P[0][3], P[1][3], hi[2], hi[3]);
-        mma_bf16(acc[i], P[0][0], P[1][0], P[0][1], P[1][1], lo[0], lo[1]);
-        mma_bf16(acc[i], P[0][2], P[1][2], P[0][3], P[1][3], lo[2], lo[3]);
-      }
     }
+    nvfp4_mma::tile_step<FT>(acc, w, sc, xv);
   }
 
   // acc[i] = (tile row g, batch 2t, 2t + 1), (tile row g + 8, batch 2t, 2t + 1); the warps' sums

@@ -3,7 +3,9 @@
 //            then the shared expert's sigmoid gate row where the model has one);
 //   top_k    per row: softmax over the E logits in fp32, the k largest (ties: the lower expert),
 //            renormalised when asked -> T * k (row, expert, weight) pairs, pair p = t * k + j;
-//   few rows (decode): expert GEMVs that read only the selected experts' rows, a warp per output:
+//   few rows (decode): expert GEMVs that read only the selected experts' rows (NVFP4 experts on
+//            tensor cores, moe_expert_mma_kernel; bf16 ones, and NVFP4 of sizes not a multiple of
+//            32, a warp per output):
 //            gate/up   act[p, i] = silu(x[t] . gate_e[i]) * (x[t] . up_e[i])
 //            down      y[p, n]   = act[p] . down_e[n]
 //   many rows (prefill, large batches): the pairs sorted by expert into tiles of kMoeTileRows
@@ -28,6 +30,7 @@
 #include "../common.cuh"
 #include "kernels.h"
 #include "nvfp4.cuh"
+#include "nvfp4_mma.cuh"
 
 namespace hearth {
 
@@ -172,6 +175,77 @@ __global__ void moe_down_gemv_kernel(const float* __restrict__ act, MoeExperts e
   const float v = warp_row_dot<NVFP4>(act + (size_t)p * I, ex.down.data, ex.down.block_scales,
                                       (size_t)e * H + n, I, lane);
   if (lane == 0) y[(size_t)p * H + n] = v * expert_scale(ex.down_scales, ex.down.scale, e);
+}
+
+// NVFP4 experts whose input size is a multiple of 32 (every real shape): the expert GEMV on tensor
+// cores, as gemv_nvfp4.cu does for dense projections (nvfp4_mma.cuh): block (tile, pair p) = 16
+// weight rows of p's expert, its 8 warps splitting k in 128-input steps, one activation row (batch
+// column 0). gate_up: the tile's rows 0-7 are gate rows j, rows 8-15 the matching up rows, so a lane
+// holds both sums of an output; down: 16 consecutive output rows. Sums added in warp order.
+constexpr int kMmaWarps = 8;
+
+template <bool GATE_UP>
+__global__ void __launch_bounds__(kMmaWarps * 32) moe_expert_mma_kernel(const float* __restrict__ x, MoeExperts ex,
+                                                                       const int32_t* __restrict__ pair_expert,
+                                                                       int top_k, float* __restrict__ out) {
+  using namespace nvfp4_mma;
+  const int p = blockIdx.y, tile = blockIdx.x;
+  const int e = pair_expert ? pair_expert[p] : 0;
+  const int I = ex.inter, H = ex.hidden;
+  const int k = GATE_UP ? H : I;
+  const WeightView& w = GATE_UP ? ex.gate_up : ex.down;
+  const size_t expert_rows = GATE_UP ? 2 * (size_t)I : (size_t)H;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int g = lane >> 2, t = lane & 3;
+  const uint4* wrow[1][2];
+  const uint16_t* srow[1][2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const size_t row = (size_t)e * expert_rows +
+                       (GATE_UP ? (size_t)min(tile * 8 + g, I - 1) + h * (size_t)I : (size_t)min(tile * 16 + g + 8 * h, H - 1));
+    wrow[0][h] = reinterpret_cast<const uint4*>(static_cast<const uint8_t*>(w.data) + row * (k / 2));
+    srow[0][h] = reinterpret_cast<const uint16_t*>(w.block_scales + row * (k / 16));
+  }
+  const float* xr = x + (size_t)(GATE_UP ? p / top_k : p) * k;
+  const int steps = (k + kStepInputs - 1) / kStepInputs;
+  float acc[1][4] = {{0.f, 0.f, 0.f, 0.f}};
+  for (int s = warp; s < steps; s += kMmaWarps) {
+    const int in0 = s * kStepInputs + 32 * t;
+    const bool ok = in0 < k;
+    uint4 wv[1][2];
+    uint32_t sc[1][2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      wv[0][h] = ok ? load_stream(wrow[0][h] + s * 4 + t) : make_uint4(0, 0, 0, 0);
+      sc[0][h] = ok ? (uint32_t)__ldg(srow[0][h] + s * 4 + t) : 0u;
+    }
+    float4 xv[8];
+#pragma unroll
+    for (int q = 0; q < 8; ++q)
+      xv[q] = ok && g == 0 ? __ldg(reinterpret_cast<const float4*>(xr + in0) + q) : make_float4(0.f, 0.f, 0.f, 0.f);
+    tile_step<1>(acc, wv, sc, xv);
+  }
+  __shared__ float part[kMmaWarps][16];
+  if (t == 0) {  // batch column 0: c0 (tile row g), c2 (tile row g + 8)
+    part[warp][g] = acc[0][0];
+    part[warp][g + 8] = acc[0][2];
+  }
+  __syncthreads();
+  const float scale = (GATE_UP ? expert_scale(ex.gate_up_scales, ex.gate_up.scale, e)
+                               : expert_scale(ex.down_scales, ex.down.scale, e)) * 128.f;
+  auto total = [&](int r) {
+    float v = 0.f;
+#pragma unroll
+    for (int q = 0; q < kMmaWarps; ++q) v += part[q][r];
+    return v * scale;
+  };
+  if constexpr (GATE_UP) {
+    const int j = tile * 8 + threadIdx.x;
+    if (threadIdx.x < 8 && j < I) out[(size_t)p * I + j] = silu_mul(total(threadIdx.x), total(threadIdx.x + 8));
+  } else {
+    const int n = tile * 16 + threadIdx.x;
+    if (threadIdx.x < 16 && n < H) out[(size_t)p * H + n] = total(threadIdx.x);
+  }
 }
 
 // tiles[0] = the tile count, then (expert, first sorted position, rows) per tile.
@@ -451,6 +525,17 @@ void launch_moe_expert_gemv(const float* x, const MoeExperts& ex, const int32_t*
   HEARTH_REQUIRE(top_k > 0, "moe expert gemv: top_k must be positive");
   if (pairs == 0) return;
   const bool nvfp4 = ex.gate_up.format == WeightFormat::NvFp4;
+  if (nvfp4 && ex.hidden % 32 == 0 && ex.inter % 32 == 0) {
+    if (gate_up) {
+      moe_expert_mma_kernel<true><<<dim3((ex.inter + 7) / 8, pairs), kMmaWarps * 32, 0, stream>>>(
+          x, ex, pair_expert, top_k, out);
+    } else {
+      moe_expert_mma_kernel<false><<<dim3((ex.hidden + 15) / 16, pairs), kMmaWarps * 32, 0, stream>>>(
+          x, ex, pair_expert, top_k, out);
+    }
+    HEARTH_CHECK_LAUNCH("moe_expert_mma_kernel");
+    return;
+  }
   dispatch_format(nvfp4, [&](auto fp4) {
     constexpr bool F = decltype(fp4)::value;
     if (gate_up) {
