@@ -22,7 +22,7 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | 
 
 if [[ $STEP == all || $STEP == build ]]; then
   start=$(date +%s)
-  # Wheels the GPU machine lacks (no registry there: llguidance for structured output), carried in .whl/.
+  # Wheels the GPU machine lacks (no registry there), carried in .whl/: scripts/device_wheels.sh.
   compgen -G ".whl/*.whl" >/dev/null && python3 -m pip install --no-deps --no-index .whl/*.whl >"$OUT/wheels.log" 2>&1
   python3 -m pip install --no-build-isolation --no-deps -v -e . >"$OUT/build.log" 2>&1
   rc=$?
@@ -88,6 +88,20 @@ if [[ $STEP == all || $STEP == bench ]]; then
     summary+=("bench moe rc=$?")
     grep -v '^{' "$OUT/bench_moe.log" | tail -12
   fi
+fi
+
+# Optional: `hearth bench --serve` (aggregate decode over HTTP on 127.0.0.1 against in-process batching,
+# at 8 and 32 clients) on the shapes in HEARTH_SERVE_MODELS, each with a byte tokenizer beside its
+# weights. Needs the server's wheels in .whl/ (scripts/device_wheels.sh).
+if [[ ($STEP == all || $STEP == bench) && -n ${HEARTH_SERVE_MODELS:-} ]]; then
+  for shape in $HEARTH_SERVE_MODELS; do
+    dir=$MODELS/$shape-tok
+    [[ -f $dir/config.json ]] || python3 -m engine.tools.synth --shape "$shape" --tokenizer --out "$dir" >>"$OUT/synth.log" 2>&1
+    timeout "${HEARTH_SERVE_TIMEOUT:-240}" python3 -m engine bench --serve --backend cuda-native --model "$dir" \
+      --clients 8 32 >>"$OUT/bench_serve.log" 2>&1
+    summary+=("bench serve $shape rc=$?")
+  done
+  tail -12 "$OUT/bench_serve.log"
 fi
 
 # Optional: per-kernel decode profile (graphs on and off) of the shapes in HEARTH_PROFILE_MODELS
