@@ -4,7 +4,7 @@
 # Usage: scripts/gpu_check.sh [all|build|test|bench] [pytest -k expression]
 # HEARTH_TEST_TIMEOUT / HEARTH_BENCH_TIMEOUT (seconds) bound the long
 # steps, so one device call of at most 10 minutes always ends with its summary.
-# HEARTH_SYNTH_SHAPES: the checkpoints to generate (default all four).
+# HEARTH_SYNTH_SHAPES: the checkpoints to generate (default all four; "" for none).
 # HEARTH_PROFILE_MODELS / HEARTH_PRECISION_MODELS: shapes (among those generated) for the optional
 # per-kernel decode profile and matrix-product precision steps (timeouts HEARTH_PROFILE_TIMEOUT, 120 s,
 # and HEARTH_PRECISION_TIMEOUT, 150 s); both run with the bench step.
@@ -23,7 +23,10 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | 
 if [[ $STEP == all || $STEP == build ]]; then
   start=$(date +%s)
   # Wheels the GPU machine lacks (no registry there), carried in .whl/: scripts/device_wheels.sh.
-  compgen -G ".whl/*.whl" >/dev/null && python3 -m pip install --no-deps --no-index .whl/*.whl >"$OUT/wheels.log" 2>&1
+  if compgen -G ".whl/*.whl" >/dev/null; then
+    python3 -m pip install --no-deps --no-index .whl/*.whl >"$OUT/wheels.log" 2>&1
+    summary+=("wheels rc=$?")
+  fi
   python3 -m pip install --no-build-isolation --no-deps -v -e . >"$OUT/build.log" 2>&1
   rc=$?
   summary+=("build rc=$rc in $(( $(date +%s) - start )) s")
@@ -32,7 +35,7 @@ if [[ $STEP == all || $STEP == build ]]; then
 fi
 
 if [[ $STEP == all || $STEP == test || $STEP == bench ]]; then
-  for shape in ${HEARTH_SYNTH_SHAPES:-smollm2-135m llama3.2-1b qwen3-0.6b llama3.1-8b}; do
+  for shape in ${HEARTH_SYNTH_SHAPES-smollm2-135m llama3.2-1b qwen3-0.6b llama3.1-8b}; do
     [[ -f $MODELS/$shape/config.json ]] || python3 -m engine.tools.synth --shape "$shape" --out "$MODELS/$shape" >>"$OUT/synth.log" 2>&1
   done
   # HEARTH_NVFP4_SHAPES: NVFP4 checkpoints (random codes and scales) at $MODELS/<shape>-nvfp4.
@@ -92,10 +95,18 @@ fi
 
 # Optional: `hearth bench --serve` (aggregate decode over HTTP on 127.0.0.1 against in-process batching,
 # at 8 and 32 clients) on the shapes in HEARTH_SERVE_MODELS, each with a byte tokenizer beside its
-# weights. Needs the server's wheels in .whl/ (scripts/device_wheels.sh).
+# weights. Needs the server's wheels in .whl/ (scripts/device_wheels.sh), installed by the build step.
+# Where $MODELS/<shape> was generated above (same seed, so the same weights), <shape>-tok links its weight
+# files and only writes the tokenizer (the 8B: no second 16 GB on disk); otherwise synth writes it whole.
 if [[ ($STEP == all || $STEP == bench) && -n ${HEARTH_SERVE_MODELS:-} ]]; then
   for shape in $HEARTH_SERVE_MODELS; do
     dir=$MODELS/$shape-tok
+    if [[ ! -f $dir/config.json && -f $MODELS/$shape/config.json ]]; then
+      mkdir -p "$dir" && ln -sf "$MODELS/$shape"/*.safetensors* "$dir"/ &&
+        cp "$MODELS/$shape"/*.json "$dir"/ &&
+        python3 -c "import sys, pathlib; from engine.tools.synth import write_byte_tokenizer as w; w(pathlib.Path(sys.argv[1]))" \
+          "$dir" >>"$OUT/synth.log" 2>&1 || rm -rf "$dir"
+    fi
     [[ -f $dir/config.json ]] || python3 -m engine.tools.synth --shape "$shape" --tokenizer --out "$dir" >>"$OUT/synth.log" 2>&1
     timeout "${HEARTH_SERVE_TIMEOUT:-240}" python3 -m engine bench --serve --backend cuda-native --model "$dir" \
       --clients 8 32 >>"$OUT/bench_serve.log" 2>&1
