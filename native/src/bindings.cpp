@@ -265,7 +265,12 @@ void bind_runtime(py::module_& m) {
         py::arg("inter"), py::arg("out16") = 0, py::arg("row_scale") = 0);
   k.def("gemv_swiglu", &c::gemv_swiglu, release());
   k.def("gemv_nvfp4", &c::gemv_nvfp4, release(), py::arg("x"), py::arg("codes"), py::arg("block_scales"),
-        py::arg("global_scale"), py::arg("out"), py::arg("rows"), py::arg("n"), py::arg("k"));
+        py::arg("global_scale"), py::arg("out"), py::arg("rows"), py::arg("n"), py::arg("k"), py::arg("tiles") = 0);
+  k.def("gemm_nvfp4", &c::gemm_nvfp4, release(), py::arg("x16"), py::arg("x_scale"), py::arg("codes"),
+        py::arg("block_scales"), py::arg("global_scale"), py::arg("out"), py::arg("rows"), py::arg("n"), py::arg("k"));
+  k.def("gemm_nvfp4_seconds", &c::gemm_nvfp4_seconds, release(), py::arg("x16"), py::arg("codes"),
+        py::arg("block_scales"), py::arg("out"), py::arg("rows"), py::arg("n"), py::arg("k"), py::arg("copies"),
+        py::arg("reps"), py::arg("expand"));
   k.def("nvfp4_expand", &c::nvfp4_expand, release(), py::arg("codes"), py::arg("block_scales"),
         py::arg("out"), py::arg("n"), py::arg("k"), py::arg("fp16"));
   k.def("decode_attention_launch", &c::decode_attention_launch, release());
@@ -282,7 +287,9 @@ void bind_runtime(py::module_& m) {
   k.def("bf16_to_f16_inplace", &c::bf16_to_f16_inplace, release());
   k.def("convert_to_bf16", &c::convert_to_bf16, release());
   k.def("gemv_seconds", &c::gemv_seconds, release());
-  k.def("gemv_nvfp4_seconds", &c::gemv_nvfp4_seconds, release());
+  k.def("gemv_nvfp4_seconds", &c::gemv_nvfp4_seconds, release(), py::arg("x"), py::arg("codes"),
+        py::arg("block_scales"), py::arg("out"), py::arg("rows"), py::arg("n"), py::arg("k"), py::arg("copies"),
+        py::arg("reps"), py::arg("tiles") = 0);
   k.def("moe_block", [](const py::dict& d) {
     auto pointers = [](const py::dict& e) {
       c::MoeExpertPointers p;

@@ -695,7 +695,31 @@ def test_gemv_nvfp4_rows_do_not_depend_on_batch(n, k):
         out = poison((rows, n), torch.float32)
         K().gemv_nvfp4(ptr(x), ptr(codes), ptr(scales), g, ptr(out), rows, n, k)
         assert torch.equal(out, alone[:rows]), rows
+        for tiles in (1, 2, 4):  # the tiles per warp the launcher picks by shape change no sum
+            out = poison((rows, n), torch.float32)
+            K().gemv_nvfp4(ptr(x), ptr(codes), ptr(scales), g, ptr(out), rows, n, k, tiles=tiles)
+            assert torch.equal(out, alone[:rows]), (rows, tiles)
     assert rel(alone, x.double() @ value.T) < 1e-5
+
+
+@pytest.mark.parametrize("rows,n,k", [(9, 1536, 576), (16, 4096, 4096), (17, 6144, 4096), (33, 100, 32),
+                                      (40, 4096, 14336), (64, 2000, 1024), (64, 28672, 4096)])
+def test_gemm_nvfp4_small_batch(rows, n, k):
+    """The small-batch product reads NVFP4 codes in place (9-64 rows, one fp16 product): against
+    float64 over the same fp16 operand and dequantized weights, k split over blocks or not (the
+    shapes above take 1 to 16 slices), and every output written."""
+    t, codes, scales, value = _nvfp4_weight(n, k, seed=rows + n)
+    x = (torch.randn(rows, k, device="cuda") * 4096).half()  # the fast operand: scaled near fp16's top
+    x_scale = 2.0 ** -12
+    out = poison((rows, n), torch.float32)
+    K().gemm_nvfp4(ptr(x), x_scale, ptr(codes), ptr(scales), float(t.global_scale), ptr(out), rows, n, k)
+    assert torch.isfinite(out).all()
+    err = rel(out, (x.double() * x_scale) @ value.T)
+    print(f"\n[gemm nvfp4 {rows}x{n}x{k}] rel {err:.2e}", end="")
+    assert err < 2e-5
+    again = poison((rows, n), torch.float32)  # the k-split counters were left zero: same sums again
+    K().gemm_nvfp4(ptr(x), x_scale, ptr(codes), ptr(scales), float(t.global_scale), ptr(again), rows, n, k)
+    assert torch.equal(again, out)
 
 
 def test_gemv_nvfp4_bandwidth_8b_shapes():
@@ -720,6 +744,18 @@ def test_gemv_nvfp4_bandwidth_8b_shapes():
             if rows == 1:
                 total_bytes += per
                 total_s += s
+                for tiles in (2, 4):  # what the launcher's one tile per warp at one row costs
+                    st = K().gemv_nvfp4_seconds(ptr(x), ptr(codes), ptr(scales), ptr(out), rows, n, k, copies, 50,
+                                                tiles=tiles)
+                    print(f"\n[gemv nvfp4 8B {name} rows=1 tiles={tiles}] {st * 1e6:.1f} us", end="")
+        for rows in (16, 32, 64):  # the small-batch product against the expansion + cuBLASLt it replaced
+            x16 = (torch.randn(rows, k, device="cuda") * 4096).half()
+            out = torch.empty(rows, n, device="cuda")
+            s = K().gemm_nvfp4_seconds(ptr(x16), ptr(codes), ptr(scales), ptr(out), rows, n, k, copies, 30, False)
+            assert torch.isfinite(out).all()
+            se = K().gemm_nvfp4_seconds(ptr(x16), ptr(codes), ptr(scales), ptr(out), rows, n, k, copies, 30, True)
+            print(f"\n[gemm nvfp4 8B {name} {n}x{k} rows={rows}] {s * 1e6:.1f} us ({per / s / 1e12:.2f} TB/s), "
+                  f"expand + cuBLASLt {se * 1e6:.1f} us", end="")
         del codes, scales
     print(f"\n[gemv nvfp4 8B one layer, batch 1] {total_s * 1e6:.1f} us, {total_bytes / total_s / 1e12:.2f} TB/s")
 

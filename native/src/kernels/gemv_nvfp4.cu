@@ -21,6 +21,10 @@
 // The 8 warps of a block split the steps (warp w takes steps w, w + 8, ...) and add their partial
 // sums in warp order: a row's result depends on (n, k) alone, not on the batch or on FT, so batched
 // decoding equals unbatched decoding.
+// Loads: a warp keeps its next D steps of codes and scales in flight (nvfp4_mma::WeightStream,
+// cp.async into shared memory), and issues its first D before pdl_wait(), while the kernel before
+// it still runs. The first tensor-core version loaded each step just before multiplying it (one
+// 16-byte load in flight per lane) and streamed 1.5 of the H200's 4.2 TB/s.
 #include "../common.cuh"
 #include "../launch.cuh"
 #include "gemv_params.cuh"
@@ -34,7 +38,14 @@ namespace {
 constexpr int kWarps = 8;
 constexpr int kThreads = kWarps * 32;
 using nvfp4_mma::kStepInputs;
-using nvfp4_mma::load_stream;
+
+// Steps in flight per warp: 4 with one tile per warp (the 1-4 row kernels: 40 KB of ring per
+// block), 2 with 2 or 4 (their lanes already copy 2-4 chunks per step).
+__host__ __device__ constexpr int ring_depth(int tiles) { return tiles == 1 ? 4 : 2; }
+template <int FT>
+using Stream = nvfp4_mma::WeightStream<FT, ring_depth(FT)>;
+template <int FT>
+constexpr int ring_bytes() { return kWarps * Stream<FT>::kWarpBytes; }
 
 // The weight row that half h (0: mma rows 0-7, 1: rows 8-15) of tile `tile` gives lane group g.
 // Plain: 16 consecutive rows per tile. Paired modes: the tile's 8 pairs, first members in rows
@@ -57,23 +68,30 @@ __global__ void __launch_bounds__(kThreads) gemv_nvfp4_kernel(GemvParams prm, co
   constexpr bool SWIGLU = MODE & kModeSwiglu, NORM = MODE & kModeNorm, RESID = MODE & kModeResidual;
   constexpr bool ROPE = MODE & kModeRope;
   constexpr int kFeatures = 16 * FT;  // mma rows per block
+  constexpr int D = ring_depth(FT);
+  extern __shared__ __align__(16) unsigned char ring[];
   const int n = prm.n, k = prm.k;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int g = lane >> 2, t = lane & 3;
   const int steps = (k + kStepInputs - 1) / kStepInputs;
+  const int my_steps = warp < steps ? (steps - 1 - warp) / kWarps + 1 : 0;  // steps warp, warp + 8, ...
   const int half = ROPE ? prm.rope.head_dim / 2 : 1;
 
-  const uint4* wrow[FT][2];
-  const uint16_t* srow[FT][2];
+  Stream<FT> ws;
+  ws.init(ring + warp * Stream<FT>::kWarpBytes, lane, k);
 #pragma unroll
   for (int i = 0; i < FT; ++i)
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const size_t row = (size_t)tile_row<MODE>(blockIdx.x * FT + i, g, h, n, half);
-      wrow[i][h] = reinterpret_cast<const uint4*>(static_cast<const uint8_t*>(prm.w) + row * (k / 2));
-      srow[i][h] = reinterpret_cast<const uint16_t*>(block_scales + row * (k / 16));
-      if (warp < steps) prefetch_l2(wrow[i][h] + warp * 4 + t);  // weights never change: start early
+      ws.set_row(i, h, static_cast<const uint8_t*>(prm.w) + row * (k / 2), block_scales + row * (k / 16));
     }
+  // Weights never change: their first steps are requested before the wait.
+#pragma unroll
+  for (int d = 0; d < D; ++d) {
+    if (d < my_steps) ws.issue(warp + d * kWarps, d);
+    nvfp4_mma::cp_async_commit();
+  }
   pdl_wait();
   pdl_launch_dependents();
 
@@ -97,18 +115,10 @@ __global__ void __launch_bounds__(kThreads) gemv_nvfp4_kernel(GemvParams prm, co
 #pragma unroll
     for (int j = 0; j < 4; ++j) acc[i][j] = 0.f;
 
-  for (int s = warp; s < steps; s += kWarps) {
+  for (int j = 0; j < my_steps; ++j) {
+    const int s = warp + j * kWarps;
     const int in0 = s * kStepInputs + 32 * t;  // this lane's first input of the step
     const bool ok = in0 < k;                    // k is a multiple of 32: a lane's 32 are all in or out
-    uint4 w[FT][2];
-    uint32_t sc[FT][2];
-#pragma unroll
-    for (int i = 0; i < FT; ++i)
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        w[i][h] = ok ? load_stream(wrow[i][h] + s * 4 + t) : make_uint4(0, 0, 0, 0);
-        sc[i][h] = ok ? (uint32_t)__ldg(srow[i][h] + s * 4 + t) : 0u;
-      }
     float4 xv[8];
     const float4* xp = reinterpret_cast<const float4*>(xr + in0);
 #pragma unroll
@@ -131,7 +141,14 @@ __global__ void __launch_bounds__(kThreads) gemv_nvfp4_kernel(GemvParams prm, co
         }
       }
     }
+    nvfp4_mma::cp_async_wait<D - 1>();  // step j's group (D + j groups committed so far)
+    uint4 w[FT][2];
+    uint32_t sc[FT][2];
+    ws.fetch(j % D, w, sc);
     nvfp4_mma::tile_step<FT>(acc, w, sc, xv);
+    // The slot is free once its values are multiplied: the step D ahead goes into it.
+    if (j + D < my_steps) ws.issue(s + D * kWarps, j % D);
+    nvfp4_mma::cp_async_commit();
   }
 
   // acc[i] = (tile row g, batch 2t, 2t + 1), (tile row g + 8, batch 2t, 2t + 1); the warps' sums
@@ -195,20 +212,28 @@ __global__ void __launch_bounds__(kThreads) gemv_nvfp4_kernel(GemvParams prm, co
 // shared by 2 or 4 tiles (H200, 8 rows: gate_up 89 -> 40 us with 4, qkv 19.5 -> 16.3).
 int tiles_per_warp(int rows, int n) { return rows <= 4 ? 1 : n >= 16384 ? 4 : 2; }
 
+template <int FT, int MODE>
+void launch_kernel(const GemvParams& prm, const uint8_t* scales, int rows, cudaStream_t stream) {
+  const int blocks = (prm.n + 16 * FT - 1) / (16 * FT);
+  // The ring is dynamic shared memory; with the static arrays it may pass the default 48 KB.
+  static const bool sized = [] {
+    HEARTH_CUDA(cudaFuncSetAttribute(gemv_nvfp4_kernel<FT, MODE>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                     ring_bytes<FT>()));
+    return true;
+  }();
+  (void)sized;
+  launch_pdl(gemv_nvfp4_kernel<FT, MODE>, blocks, kThreads, ring_bytes<FT>(), stream, prm, scales, rows);
+}
+
 template <int FT>
 void launch_tiles(const GemvParams& prm, const uint8_t* scales, int rows, int mode, cudaStream_t stream) {
-  const int blocks = (prm.n + 16 * FT - 1) / (16 * FT);
   switch (mode) {
-    case 0: launch_pdl(gemv_nvfp4_kernel<FT, 0>, blocks, kThreads, 0, stream, prm, scales, rows); break;
-    case kModeSwiglu: launch_pdl(gemv_nvfp4_kernel<FT, kModeSwiglu>, blocks, kThreads, 0, stream, prm, scales, rows); break;
-    case kModeNorm: launch_pdl(gemv_nvfp4_kernel<FT, kModeNorm>, blocks, kThreads, 0, stream, prm, scales, rows); break;
-    case kModeNorm | kModeSwiglu:
-      launch_pdl(gemv_nvfp4_kernel<FT, kModeNorm | kModeSwiglu>, blocks, kThreads, 0, stream, prm, scales, rows);
-      break;
-    case kModeResidual: launch_pdl(gemv_nvfp4_kernel<FT, kModeResidual>, blocks, kThreads, 0, stream, prm, scales, rows); break;
-    case kModeNorm | kModeRope:
-      launch_pdl(gemv_nvfp4_kernel<FT, kModeNorm | kModeRope>, blocks, kThreads, 0, stream, prm, scales, rows);
-      break;
+    case 0: launch_kernel<FT, 0>(prm, scales, rows, stream); break;
+    case kModeSwiglu: launch_kernel<FT, kModeSwiglu>(prm, scales, rows, stream); break;
+    case kModeNorm: launch_kernel<FT, kModeNorm>(prm, scales, rows, stream); break;
+    case kModeNorm | kModeSwiglu: launch_kernel<FT, kModeNorm | kModeSwiglu>(prm, scales, rows, stream); break;
+    case kModeResidual: launch_kernel<FT, kModeResidual>(prm, scales, rows, stream); break;
+    case kModeNorm | kModeRope: launch_kernel<FT, kModeNorm | kModeRope>(prm, scales, rows, stream); break;
     default: throw std::invalid_argument("gemv: unsupported combination of fusions");
   }
 }
@@ -221,11 +246,13 @@ int gemv_nvfp4_blocks(int rows, int n) {
 }
 
 void launch_gemv_nvfp4(const GemvParams& prm, const uint8_t* block_scales, int rows, int mode,
-                       cudaStream_t stream) {
+                       cudaStream_t stream, int tiles) {
   HEARTH_REQUIRE(block_scales, "gemv: an NVFP4 weight needs its block scales");
   HEARTH_REQUIRE(rows >= 1 && rows <= kGemvMaxRows && prm.k % 32 == 0, "gemv: bad NVFP4 shape");
   HEARTH_REQUIRE(!(mode & kModeRope) || rows <= kGemvRopeMaxRows, "gemv: rope fusion takes <= 4 rows");
-  switch (tiles_per_warp(rows, prm.n)) {
+  HEARTH_REQUIRE(tiles == 0 || (mode == 0 && (tiles == 1 || tiles == 2 || tiles == 4)),
+                 "gemv: tiles per warp are 1, 2 or 4 (plain products only)");
+  switch (tiles ? tiles : tiles_per_warp(rows, prm.n)) {
     case 1: launch_tiles<1>(prm, block_scales, rows, mode, stream); break;
     case 2: launch_tiles<2>(prm, block_scales, rows, mode, stream); break;
     default: launch_tiles<4>(prm, block_scales, rows, mode, stream); break;

@@ -195,6 +195,17 @@ void launch_gemm_fast(const Fp16Operand& x, const WeightView& w, float* out, int
 bool cublaslt_available();      // tries to load libcublasLt once
 const char* gemm_backend_name();
 
+// gemm_nvfp4.cu: the fast product for 1..kGemmNvfp4MaxRows rows over an NVFP4 weight read in place
+// (no expansion): out = (x16 @ w^T) * x.scale * w.scale, one fp16 product, fp32 sums (row_scale,
+// when the operand has one, stays in the output rows as with launch_gemm_fast). k a multiple of 32.
+// A launch may split k over blocks: `partials` then holds gemm_nvfp4_partial_bytes and `counters`
+// gemm_nvfp4_counters(n) ints, zero before the first launch (each launch leaves them zero).
+constexpr int kGemmNvfp4MaxRows = 64;
+void launch_gemm_nvfp4(const Fp16Operand& x, const WeightView& w, float* out, int rows, int n, int k,
+                       float* partials, int* counters, cudaStream_t stream);
+size_t gemm_nvfp4_partial_bytes(int rows, int n, int k);
+int gemm_nvfp4_counters(int n);
+
 // nvfp4.cu: an NVFP4 weight [n, k] expanded for the tensor-core product: out[i] = e2m1 * e4m3 as
 // fp16 (to_fp16) or bf16, exact either way; the returned view carries the global scale (w.scale)
 // for the product to apply in fp32. `out` holds n * k 16-bit values.
@@ -212,7 +223,9 @@ struct MoeExperts {
   const float* down_scales = nullptr;
   int experts = 0, inter = 0, hidden = 0;
 };
-constexpr int kMoeTileRows = 64;  // sorted rows per grouped-GEMM tile
+constexpr int kMoeTileRows = 64;      // sorted rows per grouped-GEMM tile
+constexpr int kMoeGemvTileRows = 8;   // sorted rows per expert-GEMV tile (the mma's batch columns)
+constexpr int kMoeTiledMaxRows = 64;  // tokens up to which NVFP4 experts take the tiled expert GEMV
 bool moe_shape_supported(int hidden, int inter);  // multiples of 16
 // logits [rows, n] fp32 = x [rows, k] @ w [n, k]^T (bf16 router rows; k a multiple of 8).
 void launch_moe_router(const float* x, const bf16* w, float* logits, int rows, int n, int k,
@@ -221,16 +234,23 @@ void launch_moe_router(const float* x, const bf16* w, float* logits, int rows, i
 // (ties: the lower expert), renormalised when asked: pair t * top_k + j gets its expert and weight.
 void launch_moe_top_k(const float* logits, int rows, int stride, int experts, int top_k,
                       bool normalize, int32_t* pair_expert, float* pair_weight, cudaStream_t stream);
-// Few rows: one warp per output, reading only the chosen experts. gate_up: out = act [pairs, inter]
+// Few rows: the chosen experts' rows only, one block column per pair (NVFP4 experts on tensor
+// cores, else one warp per output). gate_up: out = act [pairs, inter]
 // = silu(x[p / top_k] . gate_e) * (x[p / top_k] . up_e); else out = y [pairs, hidden] = x[p] . down_e
 // (x = act). pair_expert nullptr: expert 0 for every pair (the shared expert).
 void launch_moe_expert_gemv(const float* x, const MoeExperts& ex, const int32_t* pair_expert,
                             int pairs, int top_k, bool gate_up, float* out, cudaStream_t stream);
-// Many rows: the pairs sorted by expert (sorted[position] = pair) and cut into tiles of
-// kMoeTileRows (tiles[0] = count, then expert, first position, rows per tile), on the device;
-// moe_max_tiles bounds the count (the grouped GEMM's grid).
-int moe_max_tiles(int pairs, int experts);
-void launch_moe_sort(const int32_t* pair_expert, int pairs, int experts, int32_t* sorted,
+// NVFP4 experts, sizes multiples of 32: the same GEMV over moe_sort's tiles of kMoeGemvTileRows
+// pairs of one expert (each expert read once per tile), with the grouped GEMM's conventions:
+// gate_up writes act by sorted position, down reads act by position and writes y by pair.
+bool moe_tiled_gemv_supported(const MoeExperts& ex);
+void launch_moe_expert_tiles(const float* x, const MoeExperts& ex, const int32_t* sorted, const int32_t* tiles,
+                             int max_tiles, int top_k, bool gate_up, float* out, cudaStream_t stream);
+// Many rows: the pairs sorted by expert (sorted[position] = pair) and cut into tiles of at most
+// tile_rows (tiles[0] = count, then expert, first position, rows per tile), on the device;
+// moe_max_tiles bounds the count (the grid of the kernels that read the tiles).
+int moe_max_tiles(int pairs, int experts, int tile_rows);
+void launch_moe_sort(const int32_t* pair_expert, int pairs, int experts, int tile_rows, int32_t* sorted,
                      int32_t* tiles, cudaStream_t stream);
 // The grouped tensor-core GEMM over the sorted tiles (bf16 operands; split: the activation as bf16
 // hi + lo, two products). gate_up: x the rows pairs were cut from (row sorted[pos] / top_k),

@@ -28,6 +28,7 @@
 #include <type_traits>
 
 #include "../common.cuh"
+#include "../launch.cuh"
 #include "kernels.h"
 #include "nvfp4.cuh"
 #include "nvfp4_mma.cuh"
@@ -91,6 +92,8 @@ auto dispatch_format(bool nvfp4, F f) {
 
 __global__ void moe_router_kernel(const float* __restrict__ x, const bf16* __restrict__ w,
                                   float* __restrict__ logits, int rows, int n, int k) {
+  pdl_wait();
+  pdl_launch_dependents();
   const int warp = (blockIdx.x * blockDim.x + threadIdx.x) >> 5, lane = threadIdx.x & 31;
   if (warp >= rows * n) return;
   const int t = warp / n, e = warp % n;
@@ -107,6 +110,8 @@ __device__ __forceinline__ bool ranks_before(float v, int e, float ov, int oe) {
 __global__ void moe_top_k_kernel(const float* __restrict__ logits, int rows, int stride,
                                  int experts, int top_k, int normalize,
                                  int32_t* __restrict__ pair_expert, float* __restrict__ pair_weight) {
+  pdl_wait();
+  pdl_launch_dependents();
   const int warp = (blockIdx.x * blockDim.x + threadIdx.x) >> 5, lane = threadIdx.x & 31;
   if (warp >= rows) return;
   const float* l = logits + (size_t)warp * stride;
@@ -150,6 +155,8 @@ template <bool NVFP4>
 __global__ void moe_gate_up_gemv_kernel(const float* __restrict__ x, MoeExperts ex,
                                         const int32_t* __restrict__ pair_expert, int pairs,
                                         int top_k, float* __restrict__ act) {
+  pdl_wait();
+  pdl_launch_dependents();
   const int warp = (blockIdx.x * blockDim.x + threadIdx.x) >> 5, lane = threadIdx.x & 31;
   const int I = ex.inter, H = ex.hidden;
   if (warp >= pairs * I) return;
@@ -167,6 +174,8 @@ template <bool NVFP4>
 __global__ void moe_down_gemv_kernel(const float* __restrict__ act, MoeExperts ex,
                                      const int32_t* __restrict__ pair_expert, int pairs,
                                      float* __restrict__ y) {
+  pdl_wait();
+  pdl_launch_dependents();
   const int warp = (blockIdx.x * blockDim.x + threadIdx.x) >> 5, lane = threadIdx.x & 31;
   const int I = ex.inter, H = ex.hidden;
   if (warp >= pairs * H) return;
@@ -178,79 +187,117 @@ __global__ void moe_down_gemv_kernel(const float* __restrict__ act, MoeExperts e
 }
 
 // NVFP4 experts whose input size is a multiple of 32 (every real shape): the expert GEMV on tensor
-// cores, as gemv_nvfp4.cu does for dense projections (nvfp4_mma.cuh): block (tile, pair p) = 16
-// weight rows of p's expert, its 8 warps splitting k in 128-input steps, one activation row (batch
-// column 0). gate_up: the tile's rows 0-7 are gate rows j, rows 8-15 the matching up rows, so a lane
-// holds both sums of an output; down: 16 consecutive output rows. Sums added in warp order.
+// cores, as gemv_nvfp4.cu does for dense projections (nvfp4_mma.cuh): block (tile, column set) = 16
+// weight rows of one expert, its 8 warps splitting k in 128-input steps, the codes streamed through
+// each warp's cp.async ring. The mma's batch columns are the block's rows of activations: one pair
+// (PER_PAIR, decode: blockIdx.y = pair p, expert pair_expert[p]) or a sorted tile of up to 8 pairs of
+// one expert (9-64 rows: moe_sort with 8-row tiles; an expert is read once per 8 of its rows).
+// gate_up: the tile's rows 0-7 are gate rows j, rows 8-15 the matching up rows, so a lane holds
+// both sums of an output; down: 16 consecutive output rows. Sums added in warp order: a pair's
+// result does not depend on the other pairs of its block.
 constexpr int kMmaWarps = 8;
+constexpr int kMmaDepth = 2;  // steps in flight per warp (gate_up's k = 2048 is 2 steps a warp)
+using ExpertStream = nvfp4_mma::WeightStream<1, kMmaDepth>;
+constexpr int kMmaRingBytes = kMmaWarps * ExpertStream::kWarpBytes;
 
-template <bool GATE_UP>
+template <bool GATE_UP, bool PER_PAIR>
 __global__ void __launch_bounds__(kMmaWarps * 32) moe_expert_mma_kernel(const float* __restrict__ x, MoeExperts ex,
                                                                        const int32_t* __restrict__ pair_expert,
-                                                                       int top_k, float* __restrict__ out) {
+                                                                       const int32_t* __restrict__ sorted,
+                                                                       const int32_t* __restrict__ tiles, int top_k,
+                                                                       float* __restrict__ out) {
   using namespace nvfp4_mma;
-  const int p = blockIdx.y, tile = blockIdx.x;
-  const int e = pair_expert ? pair_expert[p] : 0;
+  __shared__ __align__(16) unsigned char ring[kMmaRingBytes];
+  const int tile = blockIdx.x;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int g = lane >> 2, t = lane & 3;
+  pdl_wait();  // the experts and the activations come from the kernels before
+  pdl_launch_dependents();
+  // Columns: sorted positions first .. first + cols - 1 (per pair: the pair itself, identity order).
+  int e, first, cols;
+  if constexpr (PER_PAIR) {
+    first = blockIdx.y, cols = 1;
+    e = pair_expert ? pair_expert[first] : 0;
+  } else {
+    const int tl = blockIdx.y;
+    if (tl >= tiles[0]) return;  // past the sort's count: nothing routed here
+    e = tiles[1 + 3 * tl], first = tiles[2 + 3 * tl], cols = tiles[3 + 3 * tl];
+  }
+  auto pair_at = [&](int pos) { return PER_PAIR ? pos : sorted[pos]; };
   const int I = ex.inter, H = ex.hidden;
   const int k = GATE_UP ? H : I;
   const WeightView& w = GATE_UP ? ex.gate_up : ex.down;
   const size_t expert_rows = GATE_UP ? 2 * (size_t)I : (size_t)H;
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int g = lane >> 2, t = lane & 3;
-  const uint4* wrow[1][2];
-  const uint16_t* srow[1][2];
+
+  ExpertStream ws;
+  ws.init(ring + warp * ExpertStream::kWarpBytes, lane, k);
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const size_t row = (size_t)e * expert_rows +
                        (GATE_UP ? (size_t)min(tile * 8 + g, I - 1) + h * (size_t)I : (size_t)min(tile * 16 + g + 8 * h, H - 1));
-    wrow[0][h] = reinterpret_cast<const uint4*>(static_cast<const uint8_t*>(w.data) + row * (k / 2));
-    srow[0][h] = reinterpret_cast<const uint16_t*>(w.block_scales + row * (k / 16));
+    ws.set_row(0, h, static_cast<const uint8_t*>(w.data) + row * (k / 2), w.block_scales + row * (k / 16));
   }
-  const float* xr = x + (size_t)(GATE_UP ? p / top_k : p) * k;
   const int steps = (k + kStepInputs - 1) / kStepInputs;
+  const int my_steps = warp < steps ? (steps - 1 - warp) / kMmaWarps + 1 : 0;
+#pragma unroll
+  for (int d = 0; d < kMmaDepth; ++d) {
+    if (d < my_steps) ws.issue(warp + d * kMmaWarps, d);
+    cp_async_commit();
+  }
+  // Column g's activations: gate_up reads the pair's token row, down the pair's act row (by position).
+  const bool has_x = g < cols;
+  const int pos = first + min(g, cols - 1);
+  const float* xr = x + (size_t)(GATE_UP ? pair_at(pos) / top_k : pos) * k;
   float acc[1][4] = {{0.f, 0.f, 0.f, 0.f}};
-  for (int s = warp; s < steps; s += kMmaWarps) {
+  for (int j = 0; j < my_steps; ++j) {
+    const int s = warp + j * kMmaWarps;
     const int in0 = s * kStepInputs + 32 * t;
     const bool ok = in0 < k;
-    uint4 wv[1][2];
-    uint32_t sc[1][2];
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      wv[0][h] = ok ? load_stream(wrow[0][h] + s * 4 + t) : make_uint4(0, 0, 0, 0);
-      sc[0][h] = ok ? (uint32_t)__ldg(srow[0][h] + s * 4 + t) : 0u;
-    }
     float4 xv[8];
 #pragma unroll
     for (int q = 0; q < 8; ++q)
-      xv[q] = ok && g == 0 ? __ldg(reinterpret_cast<const float4*>(xr + in0) + q) : make_float4(0.f, 0.f, 0.f, 0.f);
+      xv[q] = ok && has_x ? __ldg(reinterpret_cast<const float4*>(xr + in0) + q) : make_float4(0.f, 0.f, 0.f, 0.f);
+    cp_async_wait<kMmaDepth - 1>();
+    uint4 wv[1][2];
+    uint32_t sc[1][2];
+    ws.fetch(j % kMmaDepth, wv, sc);
     tile_step<1>(acc, wv, sc, xv);
+    if (j + kMmaDepth < my_steps) ws.issue(s + kMmaDepth * kMmaWarps, j % kMmaDepth);
+    cp_async_commit();
   }
-  __shared__ float part[kMmaWarps][16];
-  if (t == 0) {  // batch column 0: c0 (tile row g), c2 (tile row g + 8)
-    part[warp][g] = acc[0][0];
-    part[warp][g + 8] = acc[0][2];
-  }
+  // acc = (tile row g, columns 2t, 2t + 1), (tile row g + 8, columns 2t, 2t + 1).
+  __shared__ float part[kMmaWarps][16][8];
+  part[warp][g][2 * t] = acc[0][0];
+  part[warp][g][2 * t + 1] = acc[0][1];
+  part[warp][g + 8][2 * t] = acc[0][2];
+  part[warp][g + 8][2 * t + 1] = acc[0][3];
   __syncthreads();
   const float scale = (GATE_UP ? expert_scale(ex.gate_up_scales, ex.gate_up.scale, e)
                                : expert_scale(ex.down_scales, ex.down.scale, e)) * 128.f;
-  auto total = [&](int r) {
+  auto total = [&](int r, int c) {
     float v = 0.f;
 #pragma unroll
-    for (int q = 0; q < kMmaWarps; ++q) v += part[q][r];
+    for (int q = 0; q < kMmaWarps; ++q) v += part[q][r][c];
     return v * scale;
   };
-  if constexpr (GATE_UP) {
-    const int j = tile * 8 + threadIdx.x;
-    if (threadIdx.x < 8 && j < I) out[(size_t)p * I + j] = silu_mul(total(threadIdx.x), total(threadIdx.x + 8));
-  } else {
-    const int n = tile * 16 + threadIdx.x;
-    if (threadIdx.x < 16 && n < H) out[(size_t)p * H + n] = total(threadIdx.x);
+  if constexpr (GATE_UP) {  // act by sorted position (per pair: by pair)
+    for (int q = threadIdx.x; q < 8 * cols; q += blockDim.x) {
+      const int c = q >> 3, jj = q & 7, j = tile * 8 + jj;
+      if (j < I) out[(size_t)(first + c) * I + j] = silu_mul(total(jj, c), total(jj + 8, c));
+    }
+  } else {  // y by pair
+    for (int q = threadIdx.x; q < 16 * cols; q += blockDim.x) {
+      const int c = q >> 4, f = q & 15, nn = tile * 16 + f;
+      if (nn < H) out[(size_t)pair_at(first + c) * H + nn] = total(f, c);
+    }
   }
 }
 
 // tiles[0] = the tile count, then (expert, first sorted position, rows) per tile.
-__global__ void moe_sort_kernel(const int32_t* __restrict__ pair_expert, int pairs, int experts,
+__global__ void moe_sort_kernel(const int32_t* __restrict__ pair_expert, int pairs, int experts, int tile_rows,
                                 int32_t* __restrict__ sorted, int32_t* __restrict__ tiles) {
+  pdl_wait();
+  pdl_launch_dependents();
   extern __shared__ int shared_counts[];
   int* counts = shared_counts;
   int* cursor = shared_counts + experts;
@@ -262,10 +309,10 @@ __global__ void moe_sort_kernel(const int32_t* __restrict__ pair_expert, int pai
     int offset = 0, t = 0;
     for (int e = 0; e < experts; ++e) {
       cursor[e] = offset;
-      for (int r = 0; r < counts[e]; r += kMoeTileRows, ++t) {
+      for (int r = 0; r < counts[e]; r += tile_rows, ++t) {
         tiles[1 + 3 * t] = e;
         tiles[2 + 3 * t] = offset + r;
-        tiles[3 + 3 * t] = min(kMoeTileRows, counts[e] - r);
+        tiles[3 + 3 * t] = min(tile_rows, counts[e] - r);
       }
       offset += counts[e];
     }
@@ -354,6 +401,8 @@ __device__ __forceinline__ void load_weight_tile(const WeightView& w, size_t row
 
 template <bool NVFP4, bool SPLIT, bool GATE_UP>
 __global__ void __launch_bounds__(kGroupedThreads) moe_grouped_kernel(GroupedArgs a) {
+  pdl_wait();
+  pdl_launch_dependents();
   using namespace nvcuda;
   using Smem = GroupedSmem<SPLIT, GATE_UP>;
   using T = std::conditional_t<SPLIT, bf16, __half>;  // the operands: exact (split) or fast
@@ -461,6 +510,8 @@ __global__ void moe_combine_kernel(float* __restrict__ resid, const float* __res
                                    const float* __restrict__ shared_y,
                                    const float* __restrict__ shared_logit, int logit_stride,
                                    float* __restrict__ sum_squares) {
+  pdl_wait();
+  pdl_launch_dependents();
   __shared__ float scratch[32];
   const int t = blockIdx.x;
   const float gate = shared_y ? 1.f / (1.f + expf(-shared_logit[(size_t)t * logit_stride])) : 0.f;
@@ -497,15 +548,19 @@ void check_experts(const MoeExperts& ex) {
 
 bool moe_shape_supported(int hidden, int inter) { return hidden % 16 == 0 && inter % 16 == 0; }
 
-int moe_max_tiles(int pairs, int experts) {
-  return (pairs + kMoeTileRows - 1) / kMoeTileRows + std::min(experts, pairs);
+int moe_max_tiles(int pairs, int experts, int tile_rows) {
+  return (pairs + tile_rows - 1) / tile_rows + std::min(experts, pairs);
+}
+
+bool moe_tiled_gemv_supported(const MoeExperts& ex) {
+  return ex.gate_up.format == WeightFormat::NvFp4 && ex.hidden % 32 == 0 && ex.inter % 32 == 0;
 }
 
 void launch_moe_router(const float* x, const bf16* w, float* logits, int rows, int n, int k,
                        cudaStream_t stream) {
   HEARTH_REQUIRE(rows >= 0 && n > 0 && k % 8 == 0, "moe router: bad shape");
   if (rows == 0) return;
-  moe_router_kernel<<<warp_blocks((int64_t)rows * n), kWarpThreads, 0, stream>>>(x, w, logits, rows, n, k);
+  launch_pdl(moe_router_kernel, warp_blocks((int64_t)rows * n), kWarpThreads, 0, stream, x, w, logits, rows, n, k);
   HEARTH_CHECK_LAUNCH("moe_router_kernel");
 }
 
@@ -514,8 +569,8 @@ void launch_moe_top_k(const float* logits, int rows, int stride, int experts, in
   HEARTH_REQUIRE(top_k > 0 && top_k <= 32 && top_k <= experts && stride >= experts,
                  "moe top-k: between 1 and min(32, experts) experts per token");
   if (rows == 0) return;
-  moe_top_k_kernel<<<warp_blocks(rows), kWarpThreads, 0, stream>>>(logits, rows, stride, experts, top_k,
-                                                                   normalize ? 1 : 0, pair_expert, pair_weight);
+  launch_pdl(moe_top_k_kernel, warp_blocks(rows), kWarpThreads, 0, stream, logits, rows, stride, experts, top_k,
+             normalize ? 1 : 0, pair_expert, pair_weight);
   HEARTH_CHECK_LAUNCH("moe_top_k_kernel");
 }
 
@@ -525,13 +580,14 @@ void launch_moe_expert_gemv(const float* x, const MoeExperts& ex, const int32_t*
   HEARTH_REQUIRE(top_k > 0, "moe expert gemv: top_k must be positive");
   if (pairs == 0) return;
   const bool nvfp4 = ex.gate_up.format == WeightFormat::NvFp4;
-  if (nvfp4 && ex.hidden % 32 == 0 && ex.inter % 32 == 0) {
+  if (moe_tiled_gemv_supported(ex)) {
+    const int32_t* none = nullptr;
     if (gate_up) {
-      moe_expert_mma_kernel<true><<<dim3((ex.inter + 7) / 8, pairs), kMmaWarps * 32, 0, stream>>>(
-          x, ex, pair_expert, top_k, out);
+      launch_pdl(moe_expert_mma_kernel<true, true>, dim3((ex.inter + 7) / 8, pairs), kMmaWarps * 32, 0, stream,
+                 x, ex, pair_expert, none, none, top_k, out);
     } else {
-      moe_expert_mma_kernel<false><<<dim3((ex.hidden + 15) / 16, pairs), kMmaWarps * 32, 0, stream>>>(
-          x, ex, pair_expert, top_k, out);
+      launch_pdl(moe_expert_mma_kernel<false, true>, dim3((ex.hidden + 15) / 16, pairs), kMmaWarps * 32, 0, stream,
+                 x, ex, pair_expert, none, none, top_k, out);
     }
     HEARTH_CHECK_LAUNCH("moe_expert_mma_kernel");
     return;
@@ -539,21 +595,39 @@ void launch_moe_expert_gemv(const float* x, const MoeExperts& ex, const int32_t*
   dispatch_format(nvfp4, [&](auto fp4) {
     constexpr bool F = decltype(fp4)::value;
     if (gate_up) {
-      moe_gate_up_gemv_kernel<F><<<warp_blocks((int64_t)pairs * ex.inter), kWarpThreads, 0, stream>>>(
-          x, ex, pair_expert, pairs, top_k, out);
+      launch_pdl(moe_gate_up_gemv_kernel<F>, warp_blocks((int64_t)pairs * ex.inter), kWarpThreads, 0, stream,
+                 x, ex, pair_expert, pairs, top_k, out);
     } else {
-      moe_down_gemv_kernel<F><<<warp_blocks((int64_t)pairs * ex.hidden), kWarpThreads, 0, stream>>>(
-          x, ex, pair_expert, pairs, out);
+      launch_pdl(moe_down_gemv_kernel<F>, warp_blocks((int64_t)pairs * ex.hidden), kWarpThreads, 0, stream,
+                 x, ex, pair_expert, pairs, out);
     }
     return 0;
   });
   HEARTH_CHECK_LAUNCH("moe_expert_gemv_kernel");
 }
 
-void launch_moe_sort(const int32_t* pair_expert, int pairs, int experts, int32_t* sorted,
+void launch_moe_expert_tiles(const float* x, const MoeExperts& ex, const int32_t* sorted, const int32_t* tiles,
+                             int max_tiles, int top_k, bool gate_up, float* out, cudaStream_t stream) {
+  check_experts(ex);
+  HEARTH_REQUIRE(moe_tiled_gemv_supported(ex), "moe expert tiles: NVFP4 experts with sizes a multiple of 32");
+  HEARTH_REQUIRE(max_tiles >= 0 && max_tiles <= 65535 && top_k > 0, "moe expert tiles: bad tile count");
+  if (max_tiles == 0) return;
+  const int32_t* none = nullptr;
+  if (gate_up) {
+    launch_pdl(moe_expert_mma_kernel<true, false>, dim3((ex.inter + 7) / 8, max_tiles), kMmaWarps * 32, 0, stream,
+               x, ex, none, sorted, tiles, top_k, out);
+  } else {
+    launch_pdl(moe_expert_mma_kernel<false, false>, dim3((ex.hidden + 15) / 16, max_tiles), kMmaWarps * 32, 0,
+               stream, x, ex, none, sorted, tiles, top_k, out);
+  }
+  HEARTH_CHECK_LAUNCH("moe_expert_mma_kernel");
+}
+
+void launch_moe_sort(const int32_t* pair_expert, int pairs, int experts, int tile_rows, int32_t* sorted,
                      int32_t* tiles, cudaStream_t stream) {
-  HEARTH_REQUIRE(experts > 0 && experts <= 4096 && pairs >= 0, "moe sort: bad sizes");
-  moe_sort_kernel<<<1, 1024, 2 * experts * sizeof(int), stream>>>(pair_expert, pairs, experts, sorted, tiles);
+  HEARTH_REQUIRE(experts > 0 && experts <= 4096 && pairs >= 0 && tile_rows > 0, "moe sort: bad sizes");
+  launch_pdl(moe_sort_kernel, 1, 1024, 2 * experts * sizeof(int), stream, pair_expert, pairs, experts, tile_rows,
+             sorted, tiles);
   HEARTH_CHECK_LAUNCH("moe_sort_kernel");
 }
 
@@ -570,11 +644,11 @@ void launch_moe_grouped(const float* x, const MoeExperts& ex, const int32_t* sor
   dispatch_format(nvfp4, [&](auto fp4) {
     constexpr bool F = decltype(fp4)::value;
     if (gate_up) {
-      if (split) moe_grouped_kernel<F, true, true><<<grid, kGroupedThreads, 0, stream>>>(args);
-      else moe_grouped_kernel<F, false, true><<<grid, kGroupedThreads, 0, stream>>>(args);
+      if (split) launch_pdl(moe_grouped_kernel<F, true, true>, grid, kGroupedThreads, 0, stream, args);
+      else launch_pdl(moe_grouped_kernel<F, false, true>, grid, kGroupedThreads, 0, stream, args);
     } else {
-      if (split) moe_grouped_kernel<F, true, false><<<grid, kGroupedThreads, 0, stream>>>(args);
-      else moe_grouped_kernel<F, false, false><<<grid, kGroupedThreads, 0, stream>>>(args);
+      if (split) launch_pdl(moe_grouped_kernel<F, true, false>, grid, kGroupedThreads, 0, stream, args);
+      else launch_pdl(moe_grouped_kernel<F, false, false>, grid, kGroupedThreads, 0, stream, args);
     }
     return 0;
   });
@@ -585,8 +659,8 @@ void launch_moe_combine(float* resid, const float* y, const float* pair_weight, 
                         int top_k, int hidden, const float* shared_y, const float* shared_logit,
                         int logit_stride, float* sum_squares, cudaStream_t stream) {
   if (rows == 0) return;
-  moe_combine_kernel<<<rows, 256, 0, stream>>>(resid, y, pair_weight, top_k, hidden, shared_y,
-                                               shared_logit, logit_stride, sum_squares);
+  launch_pdl(moe_combine_kernel, rows, 256, 0, stream, resid, y, pair_weight, top_k, hidden, shared_y, shared_logit,
+             logit_stride, sum_squares);
   HEARTH_CHECK_LAUNCH("moe_combine_kernel");
 }
 

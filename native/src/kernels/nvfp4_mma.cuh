@@ -1,6 +1,8 @@
-// NVFP4 on tensor cores, shared by the decode GEMV (gemv_nvfp4.cu) and the MoE expert GEMV
-// (moe.cu): e2m1 codes placed into bf16 bits, e4m3 block scales as bf16, and the m16n8k16 mma.
-// gemv_nvfp4.cu's header says how a warp's lanes map onto the codes, activations and sums.
+// NVFP4 on tensor cores, shared by the decode GEMV (gemv_nvfp4.cu), the MoE expert GEMV (moe.cu)
+// and the small-batch GEMM (gemm_nvfp4.cu): e2m1 codes placed into bf16 / fp16 bits, e4m3 block
+// scales, the m16n8k16 mma, and WeightStream, which keeps a warp's next steps of codes and scales
+// in flight through shared memory. gemv_nvfp4.cu's header says how a warp's lanes map onto the
+// codes, activations and sums.
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -45,6 +47,35 @@ __device__ __forceinline__ uint32_t bf16_pair(float lo, float hi) {
 __device__ __forceinline__ uint32_t bf16_mul2(uint32_t a, uint32_t b) {
   const __nv_bfloat162 r = __hmul2(*reinterpret_cast<const __nv_bfloat162*>(&a),
                                    *reinterpret_cast<const __nv_bfloat162*>(&b));
+  return *reinterpret_cast<const uint32_t*>(&r);
+}
+
+__device__ __forceinline__ void mma_f16(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                        uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// Codes I and I + 4 of a word as an fp16 pair, each e2m1 * 2^-14 (0.5 lands on the subnormal
+// 2^-15): the sign to bit 15, the magnitude bits to bits 9-11, in both halves at once.
+template <int I>
+__device__ __forceinline__ uint32_t e2m1_pair_f16(uint32_t word) {
+  const uint32_t s = word << (12 - 4 * I);
+  return (s & 0x80008000u) | ((s & 0x70007000u) >> 3);
+}
+
+// Two e4m3 block scales (the low two bytes of u) as fp16, exact (subnormal scales included): the
+// bytes placed into fp16 bits are scale * 2^-8, times 256.
+__device__ __forceinline__ __half2 block_scales_f16(uint32_t u) {
+  const uint32_t bits = ((u & 0x7Fu) << 7) | ((u & 0x80u) << 8) | ((u & 0x7F00u) << 15) | ((u & 0x8000u) << 16);
+  return __hmul2(*reinterpret_cast<const __half2*>(&bits), __float2half2_rn(256.f));
+}
+
+__device__ __forceinline__ uint32_t f16_mul2(uint32_t a, __half2 b) {
+  const __half2 r = __hmul2(*reinterpret_cast<const __half2*>(&a), b);
   return *reinterpret_cast<const uint32_t*>(&r);
 }
 
@@ -96,6 +127,90 @@ __device__ __forceinline__ void tile_step(float (&acc)[FT][4], const uint4 (&w)[
     }
   }
 }
+
+// ---- cp.async: global -> shared copies that run while the warp computes ----
+__device__ __forceinline__ uint32_t smem_address(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// 16 bytes, L1 bypassed (weights are read once); bytes = 0 writes zeros and reads nothing.
+__device__ __forceinline__ void cp_async_16(void* dst, const void* src, int bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(smem_address(dst)), "l"(src), "r"(bytes)
+               : "memory");
+}
+
+__device__ __forceinline__ void cp_async_4(void* dst, const void* src, int bytes) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(smem_address(dst)), "l"(src), "r"(bytes)
+               : "memory");
+}
+
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+
+// Waits until at most N of this thread's most recent groups are still in flight.
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+
+// A lane's share of FT 16-row tiles of an NVFP4 weight (its 16 code bytes of each of its two rows
+// per tile and step, as tile_step takes them), streamed through a ring of D steps in shared
+// memory: the copies of a step are issued D steps before the warp multiplies it, and the weights
+// never change, so a kernel may issue its first steps before pdl_wait(). Each lane copies and reads
+// only its own slots, so cp.async.wait_group orders them without a barrier. A lane's two block
+// scales of a row and step are a 2-byte pair inside an aligned 4-byte word (the rows' scale
+// arrays start at even offsets: k / 16 is even); the lane copies that word and shifts.
+template <int FT, int D>
+struct WeightStream {
+  static constexpr int kSlots = D * FT * 2;              // (step, tile, half) per lane
+  static constexpr int kWarpBytes = kSlots * 32 * (16 + 4);
+  const uint8_t* codes[FT][2];
+  const uint8_t* scales[FT][2];
+  uint32_t shift[FT][2];
+  uint4* ring_codes;  // this lane's slot 0; slot i at ring_codes[32 * i]
+  uint32_t* ring_scales;
+  int k, t;
+
+  __device__ __forceinline__ void init(unsigned char* warp_ring, int lane, int k_) {
+    ring_codes = reinterpret_cast<uint4*>(warp_ring) + lane;
+    ring_scales = reinterpret_cast<uint32_t*>(warp_ring + kSlots * 32 * 16) + lane;
+    k = k_;
+    t = lane & 3;
+  }
+
+  // Tile i, half h: the row's codes (k / 2 bytes) and block scales (k / 16 bytes).
+  __device__ __forceinline__ void set_row(int i, int h, const uint8_t* code_row, const uint8_t* scale_row) {
+    codes[i][h] = code_row + 16 * t;
+    scales[i][h] = scale_row;
+    shift[i][h] = (uint32_t)((reinterpret_cast<uintptr_t>(scale_row) + 2 * t) & 2u) * 8u;
+  }
+
+  // Step s's copies into ring step `slot`; a lane past k gets zeros (codes and scales).
+  __device__ __forceinline__ void issue(int s, int slot) const {
+    const int in0 = s * kStepInputs + 32 * t;
+    const bool ok = in0 < k;
+#pragma unroll
+    for (int i = 0; i < FT; ++i)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int idx = (slot * FT + i) * 2 + h;
+        cp_async_16(ring_codes + 32 * idx, ok ? codes[i][h] + s * (kStepInputs / 2) : codes[i][h], ok ? 16 : 0);
+        const uintptr_t word = (reinterpret_cast<uintptr_t>(scales[i][h]) + (ok ? in0 / 16 : 0)) & ~uintptr_t(3);
+        cp_async_4(ring_scales + 32 * idx, reinterpret_cast<const void*>(word), ok ? 4 : 0);
+      }
+  }
+
+  // The landed step in ring step `slot` (after the caller's cp_async_wait).
+  __device__ __forceinline__ void fetch(int slot, uint4 (&w)[FT][2], uint32_t (&sc)[FT][2]) const {
+#pragma unroll
+    for (int i = 0; i < FT; ++i)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int idx = (slot * FT + i) * 2 + h;
+        w[i][h] = ring_codes[32 * idx];
+        sc[i][h] = ring_scales[32 * idx] >> shift[i][h];
+      }
+  }
+};
 
 }  // namespace nvfp4_mma
 }  // namespace hearth

@@ -10,8 +10,9 @@
 //     (gate/up): a layer is 5 kernels;
 //   - Gemv (5-8 rows): the RMSNorm kernel, then GEMVs (gate/up still with its SwiGLU epilogue);
 //   - Gemm (more rows): the RMSNorm kernel writes the product's input (fp32 for exact, the scaled
-//     fp16 operand for fast), cuBLASLt multiplies, separate rope / SwiGLU kernels follow. A
-//     residual projection leaves its output for the next norm to add.
+//     fp16 operand for fast), cuBLASLt multiplies (NVFP4 weights: expanded into 16 bits first, or,
+//     fast and up to 64 rows, gemm_nvfp4.cu reading the codes in place), separate rope / SwiGLU
+//     kernels follow. A residual projection leaves its output for the next norm to add.
 // A feed-forward kind is a block: feed_forward_block (dense SwiGLU) or moe_block (mixture of
 // experts, moe.cu: router, top-k, expert GEMVs for few rows or a sorted grouped GEMM for many,
 // the weighted sum added into the residual stream); a new weight format is one more WeightFormat
@@ -102,8 +103,7 @@ Model::Activation Model::project_normed(const Pass& pass, Residual& res, const b
       }
       launch_gemv(xn_, proj.w, out, rows, proj.n, proj.k, stream_);
     } else if (pass.fast) {
-      launch_gemm_fast(Fp16Operand{op16_, norm_scale, nullptr}, gemm_weight(pass, proj), out, rows,
-                       proj.n, proj.k, pass.gemm, stream_);
+      product_fast(pass, Fp16Operand{op16_, norm_scale, nullptr}, proj, out, rows);
     } else {
       launch_gemm_exact(xn_, gemm_weight(pass, proj), out, rows, proj.n, proj.k, pass.gemm, stream_);
     }
@@ -153,7 +153,7 @@ void Model::project_into_residual(const Pass& pass, Residual& res, const Linear&
           launch_convert_to_f16(in.f32, op16_, (int64_t)T * proj.k, 1.f, stream_);
           op = Fp16Operand{op16_, 1.f, nullptr};
         }
-        launch_gemm_fast(op, gemm_weight(pass, proj), delta_, T, proj.n, proj.k, pass.gemm, stream_);
+        product_fast(pass, op, proj, delta_, T);
         res.delta_row_scale = op.row_scale;
       } else {
         launch_gemm_exact(in.f32, gemm_weight(pass, proj), delta_, T, proj.n, proj.k, pass.gemm, stream_);
@@ -162,6 +162,15 @@ void Model::project_into_residual(const Pass& pass, Residual& res, const Linear&
       res.delta = delta_;
       return;
   }
+}
+
+void Model::product_fast(const Pass& pass, const Fp16Operand& x, const Linear& proj, float* out, int rows) {
+  if (proj.w.format == WeightFormat::NvFp4 && rows <= kGemmNvfp4MaxRows) {  // codes read in place
+    launch_gemm_nvfp4(x, proj.w, out, rows, proj.n, proj.k, static_cast<float*>(nvfp4_expanded_), gemm_counters_,
+                      stream_);
+    return;
+  }
+  launch_gemm_fast(x, gemm_weight(pass, proj), out, rows, proj.n, proj.k, pass.gemm, stream_);
 }
 
 WeightView Model::gemm_weight(const Pass& pass, const Linear& proj) {
@@ -204,8 +213,15 @@ void Model::run_experts(const Pass& pass, const MoeExperts& ex, const int32_t* p
     launch_moe_expert_gemv(moe_act_, ex, pair_expert, pairs, 1, false, y, stream_);
     return;
   }
-  const int max_tiles = moe_max_tiles(pairs, ex.experts);
-  launch_moe_sort(pair_expert, pairs, ex.experts, moe_sorted_, moe_tiles_, stream_);
+  if (pass.T <= kMoeTiledMaxRows && moe_tiled_gemv_supported(ex)) {  // each expert read once per 8 rows
+    const int max_tiles = moe_max_tiles(pairs, ex.experts, kMoeGemvTileRows);
+    launch_moe_sort(pair_expert, pairs, ex.experts, kMoeGemvTileRows, moe_sorted_, moe_tiles_, stream_);
+    launch_moe_expert_tiles(xn_, ex, moe_sorted_, moe_tiles_, max_tiles, top_k, true, moe_act_, stream_);
+    launch_moe_expert_tiles(moe_act_, ex, moe_sorted_, moe_tiles_, max_tiles, 1, false, y, stream_);
+    return;
+  }
+  const int max_tiles = moe_max_tiles(pairs, ex.experts, kMoeTileRows);
+  launch_moe_sort(pair_expert, pairs, ex.experts, kMoeTileRows, moe_sorted_, moe_tiles_, stream_);
   launch_moe_grouped(xn_, ex, moe_sorted_, moe_tiles_, max_tiles, top_k, true, !pass.fast, moe_act_, stream_);
   launch_moe_grouped(moe_act_, ex, moe_sorted_, moe_tiles_, max_tiles, 1, false, !pass.fast, y, stream_);
 }

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <functional>
 
+#include "../kernels/gemv_params.cuh"
 #include "device_memory.h"
 
 namespace hearth::checks {
@@ -120,10 +121,25 @@ static WeightView nvfp4_view(uintptr_t codes, uintptr_t block_scales, float glob
   return w;
 }
 
+static GemvParams nvfp4_params(uintptr_t x, uintptr_t codes, float global_scale, uintptr_t out, int n, int k) {
+  return GemvParams{P<const float>(x), P<const void>(codes), global_scale, P<float>(out), n, k, nullptr, nullptr,
+                    0, 0.f, nullptr, {}};
+}
+
 void gemv_nvfp4(uintptr_t x, uintptr_t codes, uintptr_t block_scales, float global_scale,
+                uintptr_t out, int rows, int n, int k, int tiles) {
+  launch_gemv_nvfp4(nvfp4_params(x, codes, global_scale, out, n, k), P<const uint8_t>(block_scales), rows, 0, 0,
+                    tiles);
+  sync();
+}
+
+void gemm_nvfp4(uintptr_t x16, float x_scale, uintptr_t codes, uintptr_t block_scales, float global_scale,
                 uintptr_t out, int rows, int n, int k) {
-  launch_gemv(P<const float>(x), nvfp4_view(codes, block_scales, global_scale), P<float>(out), rows,
-              n, k, 0);
+  DeviceBuffer partials(gemm_nvfp4_partial_bytes(rows, n, k), "gemm_nvfp4 partials");
+  DeviceBuffer counters((size_t)gemm_nvfp4_counters(n) * 4, "gemm_nvfp4 counters");
+  HEARTH_CUDA(cudaMemset(counters.get(), 0, counters.bytes()));
+  launch_gemm_nvfp4(Fp16Operand{P<const f16>(x16), x_scale, nullptr}, nvfp4_view(codes, block_scales, global_scale),
+                    P<float>(out), rows, n, k, partials.as<float>(), counters.as<int>(), 0);
   sync();
 }
 
@@ -222,13 +238,53 @@ double gemv_seconds(uintptr_t x, uintptr_t w, uintptr_t out, int rows, int n, in
   });
 }
 
+// Seconds per call of `launch(i)` (copy i % copies of the weights), `reps` calls back to back.
+static double seconds_per(int copies, int reps, const std::function<void(int)>& launch) {
+  HEARTH_REQUIRE(copies > 0 && reps > 0, "seconds: copies and reps must be positive");
+  cudaEvent_t start, stop;
+  HEARTH_CUDA(cudaEventCreate(&start));
+  HEARTH_CUDA(cudaEventCreate(&stop));
+  launch(0);  // warm-up
+  HEARTH_CUDA(cudaEventRecord(start, 0));
+  for (int i = 0; i < reps; ++i) launch(i % copies);
+  HEARTH_CUDA(cudaEventRecord(stop, 0));
+  HEARTH_CUDA(cudaEventSynchronize(stop));
+  float ms = 0.f;
+  HEARTH_CUDA(cudaEventElapsedTime(&ms, start, stop));
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  return ms / 1e3 / reps;
+}
+
 double gemv_nvfp4_seconds(uintptr_t x, uintptr_t codes, uintptr_t block_scales, uintptr_t out, int rows,
-                          int n, int k, int copies, int reps) {
+                          int n, int k, int copies, int reps, int tiles) {
   const uint8_t* c = P<const uint8_t>(codes);
   const uint8_t* s = P<const uint8_t>(block_scales);
-  return gemv_time(x, out, rows, n, k, copies, reps, [&](int i) {
-    return nvfp4_view(reinterpret_cast<uintptr_t>(c + (size_t)(i % copies) * n * (k / 2)),
-                      reinterpret_cast<uintptr_t>(s + (size_t)(i % copies) * n * (k / 16)), 1.f);
+  return seconds_per(copies, reps, [&](int i) {
+    launch_gemv_nvfp4(nvfp4_params(x, reinterpret_cast<uintptr_t>(c + (size_t)i * n * (k / 2)), 1.f, out, n, k),
+                      s + (size_t)i * n * (k / 16), rows, 0, 0, tiles);
+  });
+}
+
+double gemm_nvfp4_seconds(uintptr_t x16, uintptr_t codes, uintptr_t block_scales, uintptr_t out, int rows, int n,
+                          int k, int copies, int reps, bool expand) {
+  const uint8_t* c = P<const uint8_t>(codes);
+  const uint8_t* s = P<const uint8_t>(block_scales);
+  DeviceBuffer partials(gemm_nvfp4_partial_bytes(rows, n, k), "gemm_nvfp4 partials");
+  DeviceBuffer counters((size_t)gemm_nvfp4_counters(n) * 4, "gemm_nvfp4 counters");
+  HEARTH_CUDA(cudaMemset(counters.get(), 0, counters.bytes()));
+  DeviceBuffer expanded(expand ? (size_t)n * k * 2 : 16, "nvfp4 expansion");
+  DeviceBuffer lt(kLtWorkspaceBytes, "cuBLASLt workspace");
+  const Fp16Operand op{P<const f16>(x16), 1.f, nullptr};
+  return seconds_per(copies, reps, [&](int i) {
+    const WeightView w = nvfp4_view(reinterpret_cast<uintptr_t>(c + (size_t)i * n * (k / 2)),
+                                    reinterpret_cast<uintptr_t>(s + (size_t)i * n * (k / 16)), 1.f);
+    if (expand) {
+      const WeightView w16 = launch_nvfp4_expand(w, n, k, expanded.get(), true, 0);
+      launch_gemm_fast(op, w16, P<float>(out), rows, n, k, GemmWork{nullptr, lt.get(), lt.bytes()}, 0);
+    } else {
+      launch_gemm_nvfp4(op, w, P<float>(out), rows, n, k, partials.as<float>(), counters.as<int>(), 0);
+    }
   });
 }
 
@@ -271,22 +327,31 @@ MoeExperts moe_experts(const MoeExpertPointers& p, int experts, int inter, int h
 }  // namespace
 
 std::pair<std::vector<int32_t>, std::vector<float>> moe_block(const MoeCheck& c) {
-  HEARTH_REQUIRE(c.path == "gemv" || c.path == "grouped", "moe_block: path is 'gemv' or 'grouped'");
+  HEARTH_REQUIRE(c.path == "gemv" || c.path == "grouped" || c.path == "tiled",
+                 "moe_block: path is 'gemv', 'grouped' or 'tiled'");
   const int pairs = c.rows * c.top_k, stride = c.experts + (c.shared_inter > 0 ? 1 : 0);
   const int widest = std::max(c.inter * c.top_k, c.shared_inter);
   DeviceBuffer logits((size_t)c.rows * stride * 4 + 4, "moe logits"), experts(pairs * 4 + 4, "moe pairs"),
       weights(pairs * 4 + 4, "moe weights"), act((size_t)c.rows * widest * 4 + 4, "moe act"),
       y((size_t)pairs * c.hidden * 4 + 4, "moe y"), shared_y((size_t)c.rows * c.hidden * 4 + 4, "moe shared y"),
-      sorted(pairs * 4 + 4, "moe sorted"), tiles((1 + 3 * (size_t)moe_max_tiles(pairs, c.experts)) * 4, "moe tiles");
+      sorted(pairs * 4 + 4, "moe sorted"),
+      tiles((1 + 3 * (size_t)moe_max_tiles(pairs, c.experts, kMoeGemvTileRows)) * 4, "moe tiles");
   const MoeExperts routed = moe_experts(c.routed, c.experts, c.inter, c.hidden, c.nvfp4);
   const float* x = P<const float>(c.x);
   auto run = [&](const MoeExperts& ex, const int32_t* pair_expert, int n, int top_k, float* out) {
     if (c.path == "gemv") {
       launch_moe_expert_gemv(x, ex, pair_expert, n, top_k, true, act.as<float>(), 0);
       launch_moe_expert_gemv(act.as<float>(), ex, pair_expert, n, 1, false, out, 0);
+    } else if (c.path == "tiled") {
+      const int max_tiles = moe_max_tiles(n, ex.experts, kMoeGemvTileRows);
+      launch_moe_sort(pair_expert, n, ex.experts, kMoeGemvTileRows, sorted.as<int32_t>(), tiles.as<int32_t>(), 0);
+      const int32_t* st = sorted.as<int32_t>();
+      const int32_t* tl = tiles.as<int32_t>();
+      launch_moe_expert_tiles(x, ex, st, tl, max_tiles, top_k, true, act.as<float>(), 0);
+      launch_moe_expert_tiles(act.as<float>(), ex, st, tl, max_tiles, 1, false, out, 0);
     } else {
-      const int max_tiles = moe_max_tiles(n, ex.experts);
-      launch_moe_sort(pair_expert, n, ex.experts, sorted.as<int32_t>(), tiles.as<int32_t>(), 0);
+      const int max_tiles = moe_max_tiles(n, ex.experts, kMoeTileRows);
+      launch_moe_sort(pair_expert, n, ex.experts, kMoeTileRows, sorted.as<int32_t>(), tiles.as<int32_t>(), 0);
       launch_moe_grouped(x, ex, sorted.as<int32_t>(), tiles.as<int32_t>(), max_tiles, top_k, true, c.split,
                          act.as<float>(), 0);
       launch_moe_grouped(act.as<float>(), ex, sorted.as<int32_t>(), tiles.as<int32_t>(), max_tiles, 1, false,

@@ -44,7 +44,14 @@ void decode_attention_launch(uintptr_t q, uintptr_t k_cache, uintptr_t v_cache,
                              uintptr_t part_acc, uintptr_t counters);
 // The GEMV over an NVFP4 weight (codes [n, k/2], block scales [n, k/16], global scale).
 void gemv_nvfp4(uintptr_t x, uintptr_t codes, uintptr_t block_scales, float global_scale,
+                uintptr_t out, int rows, int n, int k, int tiles);
+// The small-batch NVFP4 product (fast precision): out = (x16 @ w^T) * x_scale * global_scale.
+void gemm_nvfp4(uintptr_t x16, float x_scale, uintptr_t codes, uintptr_t block_scales, float global_scale,
                 uintptr_t out, int rows, int n, int k);
+// Seconds per product over `copies` NVFP4 weights in turn: gemm_nvfp4 reading the codes, or
+// (expand) the expansion into fp16 and cuBLASLt, as decode buckets past the GEMV ran before it.
+double gemm_nvfp4_seconds(uintptr_t x16, uintptr_t codes, uintptr_t block_scales, uintptr_t out, int rows, int n,
+                          int k, int copies, int reps, bool expand);
 // An NVFP4 weight expanded into 16 bits (fp16 or bf16) for the tensor-core product.
 void nvfp4_expand(uintptr_t codes, uintptr_t block_scales, uintptr_t out, int n, int k, bool fp16);
 // False (nothing launched) where the fused gate/up + SwiGLU GEMV does not take the shape.
@@ -61,12 +68,13 @@ void bf16_to_f16_inplace(uintptr_t data, int64_t count, float scale);
 // `copies` weight matrices laid end to end at w so the weights come from HBM, not L2.
 double gemv_seconds(uintptr_t x, uintptr_t w, uintptr_t out, int rows, int n, int k, int copies,
                     int reps);
+// tiles: 16-row tiles per warp (1, 2 or 4; 0: the launcher's rule).
 double gemv_nvfp4_seconds(uintptr_t x, uintptr_t codes, uintptr_t block_scales, uintptr_t out, int rows,
-                          int n, int k, int copies, int reps);
+                          int n, int k, int copies, int reps, int tiles);
 void convert_to_bf16(uintptr_t src, int src_dtype, uintptr_t dst, int64_t count);
 // The mixture-of-experts block as Model::moe_block runs it, on rows x [rows, hidden] that are
 // already normalized: router (its rows, then the shared expert's gate row where shared_inter > 0),
-// top-k, the experts by `path` ("gemv" or "grouped"; split: the exact precision's hi + lo
+// top-k, the experts by `path` ("gemv", "tiled" (NVFP4: 8-row tiles of one expert) or "grouped"; split: the exact precision's hi + lo
 // products), the shared expert, and the weighted sum added into resid [rows, hidden]. Pointers of
 // an expert set: gate_up, down and, NVFP4, their block scales and per-expert global scales [experts].
 struct MoeExpertPointers {

@@ -120,6 +120,9 @@ MemoryPlan plan_memory(const ModelConfig& c, const CacheConfig& cache) {
   add("norm_partials", (size_t)kGemvMaxRows * H * 4);
   // NVFP4: one projection at a time expanded into 16 bits for the tensor-core product.
   add("nvfp4_expanded", c.nvfp4 ? largest_projection(c) * 2 : 0);
+  // NVFP4, fast, up to 64 rows: gemm_nvfp4's k-split counters (its partials use nvfp4_expanded).
+  const size_t widest_out = std::max({qkv, H, dense_layers ? 2 * I : 0});
+  add("gemm_counters", c.nvfp4 && fast ? (size_t)gemm_nvfp4_counters((int)widest_out) * 4 : 0);
   // Mixture of experts (moe.cu): router logits, the (row, expert) pairs, the experts' SwiGLU
   // activations and outputs per pair, the shared expert's outputs, the sort and its tiles.
   const size_t E = c.moe_experts, P = moe ? C * c.moe_top_k : 0, S = c.moe_shared_inter;
@@ -130,7 +133,11 @@ MemoryPlan plan_memory(const ModelConfig& c, const CacheConfig& cache) {
   add("moe_outputs", P * H * 4);
   add("moe_shared_outputs", moe && S > 0 ? C * H * 4 : 0);
   add("moe_sorted_pairs", P * 4);
-  add("moe_tiles", moe ? (1 + 3 * (size_t)moe_max_tiles((int)P, (int)E)) * 4 : 0);
+  // The grouped GEMM's 64-row tiles, or (up to kMoeTiledMaxRows tokens) the expert GEMV's 8-row ones.
+  const size_t tiles = std::max(moe_max_tiles((int)P, (int)E, kMoeTileRows),
+                                moe_max_tiles((int)std::min<size_t>(P, (size_t)kMoeTiledMaxRows * c.moe_top_k), (int)E,
+                                              kMoeGemvTileRows));
+  add("moe_tiles", moe ? (1 + 3 * tiles) * 4 : 0);
 
   plan.kv_block_bytes = 2 * L * (size_t)cache.block_size * kv * 2;
   plan.kv_blocks = cache.block_count > 0 ? cache.block_count
