@@ -702,6 +702,39 @@ def test_gemv_nvfp4_rows_do_not_depend_on_batch(n, k):
     assert rel(alone, x.double() @ value.T) < 1e-5
 
 
+@pytest.mark.parametrize("rows,n,k", [(1, 960, 576), (3, 6144, 4096), (8, 4096, 14336), (2, 100, 32)])
+def test_gemv_nvfp4_fast_one_fp16_product(rows, n, k):
+    """The fast precision's NVFP4 GEMV (one fp16 product): the activations divided by a static scale,
+    or each row by the power of two its max |x| asks for (the producer's max partials, here three per
+    row), against float64; rows bit-identical alone and in the batch, whatever the tiles per warp."""
+    t, codes, scales, value = _nvfp4_weight(n, k, seed=rows * 3 + k)
+    g = float(t.global_scale)
+    x = torch.randn(rows, k, device="cuda") * torch.logspace(0, 4, rows, device="cuda")[:, None]  # rows far apart
+    want = x.double() @ value.T
+    amax = torch.stack([x.abs().amax(1) * f for f in (0.5, 1.0, 0.25)], 1).contiguous()  # a max, any split
+    out = poison((rows, n), torch.float32)
+    K().gemv_nvfp4(ptr(x), ptr(codes), ptr(scales), g, ptr(out), rows, n, k, fast=True, x_amax=ptr(amax),
+                   x_amax_count=3)
+    err = rel(out, want)
+    print(f"\n[gemv nvfp4 fast {rows}x{n}x{k}] rel {err:.2e}", end="")
+    assert torch.isfinite(out).all() and err < 1e-3
+    for r in range(rows):
+        alone = poison((1, n), torch.float32)
+        K().gemv_nvfp4(ptr(x[r]), ptr(codes), ptr(scales), g, ptr(alone), 1, n, k, fast=True, x_amax=ptr(amax[r]),
+                       x_amax_count=3)
+        assert torch.equal(alone[0], out[r]), r
+        for tiles in (2, 4):
+            other = poison((1, n), torch.float32)
+            K().gemv_nvfp4(ptr(x[r]), ptr(codes), ptr(scales), g, ptr(other), 1, n, k, tiles=tiles, fast=True,
+                           x_amax=ptr(amax[r]), x_amax_count=3)
+            assert torch.equal(other, alone), (r, tiles)
+    # A static scale: rows bounded by it (x / scale below fp16's 65504).
+    xs = torch.randn(rows, k, device="cuda") * 2000
+    out = poison((rows, n), torch.float32)
+    K().gemv_nvfp4(ptr(xs), ptr(codes), ptr(scales), g, ptr(out), rows, n, k, fast=True, x_scale=0.25)
+    assert torch.isfinite(out).all() and rel(out, xs.double() @ value.T) < 1e-3
+
+
 @pytest.mark.parametrize("rows,n,k", [(9, 1536, 576), (16, 4096, 4096), (17, 6144, 4096), (33, 100, 32),
                                       (40, 4096, 14336), (64, 2000, 1024), (64, 28672, 4096)])
 def test_gemm_nvfp4_small_batch(rows, n, k):
@@ -744,10 +777,12 @@ def test_gemv_nvfp4_bandwidth_8b_shapes():
             if rows == 1:
                 total_bytes += per
                 total_s += s
-                for tiles in (2, 4):  # what the launcher's one tile per warp at one row costs
+            for fast in (False, True):  # the launcher's tiles per warp, and one fp16 product, measured
+                for tiles in (1, 2, 4):
                     st = K().gemv_nvfp4_seconds(ptr(x), ptr(codes), ptr(scales), ptr(out), rows, n, k, copies, 50,
-                                                tiles=tiles)
-                    print(f"\n[gemv nvfp4 8B {name} rows=1 tiles={tiles}] {st * 1e6:.1f} us", end="")
+                                                tiles=tiles, fast=fast)
+                    print(f"\n[gemv nvfp4 8B {name} rows={rows} tiles={tiles} {'fast' if fast else 'exact'}] "
+                          f"{st * 1e6:.1f} us", end="")
         for rows in (16, 32, 64):  # the small-batch product against the expansion + cuBLASLt it replaced
             x16 = (torch.randn(rows, k, device="cuda") * 4096).half()
             out = torch.empty(rows, n, device="cuda")

@@ -333,6 +333,17 @@ void launch_any(GemvParams prm, const WeightView& w, int rows, int mode, cudaStr
   HEARTH_CHECK_LAUNCH("gemv_kernel");
 }
 
+// Puts `fast` (when given) into prm.
+void with_fast(GemvParams& prm, const GemvFast* fast) {
+  if (!fast) return;
+  HEARTH_REQUIRE(fast->scale > 0.f && (!fast->amax || fast->amax_count > 0), "gemv: bad fast operand");
+  prm.fast = true;
+  prm.x_scale = fast->scale;
+  prm.x_amax = fast->amax;
+  prm.x_amax_count = fast->amax_count;
+  prm.amax_out = fast->amax_out;
+}
+
 // Puts `norm` (when given) into prm; the mode bit it adds.
 int with_norm(GemvParams& prm, const GemvNorm* norm) {
   if (!norm) return 0;
@@ -369,9 +380,11 @@ int gemv_blocks(int rows, int n, int k, WeightFormat format) {
 }
 
 void launch_gemv(const float* x, const WeightView& w, float* out, int rows, int n, int k,
-                 cudaStream_t stream, const GemvNorm* norm, const GemvResidual* residual) {
+                 cudaStream_t stream, const GemvNorm* norm, const GemvResidual* residual,
+                 const GemvFast* fast) {
   HEARTH_REQUIRE(rows >= 1 && rows <= kGemvMaxRows && n > 0 && k > 0, "gemv: bad shape");
   GemvParams prm{x, w.data, w.scale, out, n, k, nullptr, nullptr, 0, 0.f, nullptr, {}};
+  with_fast(prm, fast);
   int mode = with_norm(prm, norm);
   if (residual) {
     HEARTH_REQUIRE(residual->partials && !norm, "gemv: bad residual fusion");
@@ -394,11 +407,13 @@ bool gemv_swiglu_supported(int rows, int inter, int k, WeightFormat format) {
 }
 
 void launch_gemv_swiglu(const float* x, const WeightView& w_gate_up, float* out, int rows,
-                        int inter, int k, cudaStream_t stream, const GemvNorm* norm) {
+                        int inter, int k, cudaStream_t stream, const GemvNorm* norm,
+                        const GemvFast* fast) {
   HEARTH_REQUIRE(gemv_swiglu_supported(rows, inter, k, w_gate_up.format),
                  "gemv_swiglu: shape not supported (check gemv_swiglu_supported first)");
   GemvParams prm{x, w_gate_up.data, w_gate_up.scale, out, 2 * inter, k, nullptr, nullptr, 0, 0.f,
                  nullptr, {}};
+  with_fast(prm, fast);
   const int mode = kModeSwiglu | with_norm(prm, norm);
   launch_any(prm, w_gate_up, rows, mode, stream);
 }
@@ -410,11 +425,13 @@ bool gemv_rope_supported(int rows, int n, int k, WeightFormat format) {
 }
 
 void launch_gemv_rope(const float* x, const WeightView& w_qkv, int rows, int n, int k,
-                      cudaStream_t stream, const GemvNorm& norm, const RopeTarget& rope) {
+                      cudaStream_t stream, const GemvNorm& norm, const RopeTarget& rope,
+                      const GemvFast* fast) {
   HEARTH_REQUIRE(gemv_rope_supported(rows, n, k, w_qkv.format) && rope.head_dim % 2 == 0 &&
                      n == (rope.heads + 2 * rope.kv_heads) * rope.head_dim,
                  "gemv_rope: shape not supported (check gemv_rope_supported first)");
   GemvParams prm{x, w_qkv.data, w_qkv.scale, nullptr, n, k, nullptr, nullptr, 0, 0.f, nullptr, rope};
+  with_fast(prm, fast);
   const int mode = kModeRope | with_norm(prm, &norm);
   launch_any(prm, w_qkv, rows, mode, stream);
 }

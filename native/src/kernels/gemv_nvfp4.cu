@@ -62,7 +62,7 @@ __device__ __forceinline__ int tile_row(int tile, int g, int h, int n, int half)
   }
 }
 
-template <int FT, int MODE>
+template <int FT, int MODE, bool FAST>
 __global__ void __launch_bounds__(kThreads) gemv_nvfp4_kernel(GemvParams prm, const uint8_t* __restrict__ block_scales,
                                                               int rows) {
   constexpr bool SWIGLU = MODE & kModeSwiglu, NORM = MODE & kModeNorm, RESID = MODE & kModeResidual;
@@ -96,16 +96,30 @@ __global__ void __launch_bounds__(kThreads) gemv_nvfp4_kernel(GemvParams prm, co
   pdl_launch_dependents();
 
   // NORM: each row's 1 / rms from the producer's per-block sums of squares (a fixed-order sum, the
-  // same whatever the batch); the weight of the norm multiplies the activations, 1 / rms the sums.
-  __shared__ float inv_rms[kGemvMaxRows];
-  if constexpr (NORM) {
-    for (int r = warp; r < rows; r += kWarps) {
+  // same whatever the batch); the weight of the norm multiplies the activations, 1 / rms the sums
+  // (FAST: the activations too, with 1 / x_scale, before they become fp16).
+  // FAST: row_in[r] multiplies row r's activations before fp16, row_out[r] its finished sums.
+  __shared__ float inv_rms[kGemvMaxRows], row_in[kGemvMaxRows], row_out[kGemvMaxRows];
+  __shared__ unsigned row_max[kGemvMaxRows];  // FAST SwiGLU: the block's max |y| per row (float bits)
+  for (int r = warp; r < rows; r += kWarps) {
+    if constexpr (NORM) {
       float sq = 0.f;
       for (int i = lane; i < prm.norm_count; i += 32) sq += prm.norm_partials[(size_t)r * prm.norm_count + i];
       sq = warp_sum(sq);
       if (lane == 0) inv_rms[r] = rsqrtf(sq / (float)k + prm.eps);
+      if (FAST && lane == 0) row_in[r] = inv_rms[r] / prm.x_scale, row_out[r] = prm.x_scale;
+    } else if constexpr (FAST) {
+      float s = prm.x_scale;
+      if (prm.x_amax) {  // a max, so the same whatever the partials' blocks
+        float m = 0.f;
+        for (int i = lane; i < prm.x_amax_count; i += 32) m = fmaxf(m, prm.x_amax[(size_t)r * prm.x_amax_count + i]);
+        s = nvfp4_mma::operand_scale(warp_max(m));
+      }
+      if (lane == 0) row_in[r] = 1.f / s, row_out[r] = s;
     }
+    if (lane == 0) row_max[r] = 0u;
   }
+  if constexpr (FAST) __syncthreads();
 
   const bool has_x = g < rows;
   const float* xr = prm.x + (size_t)min(g, rows - 1) * k;
@@ -115,40 +129,53 @@ __global__ void __launch_bounds__(kThreads) gemv_nvfp4_kernel(GemvParams prm, co
 #pragma unroll
     for (int j = 0; j < 4; ++j) acc[i][j] = 0.f;
 
-  for (int j = 0; j < my_steps; ++j) {
-    const int s = warp + j * kWarps;
-    const int in0 = s * kStepInputs + 32 * t;  // this lane's first input of the step
-    const bool ok = in0 < k;                    // k is a multiple of 32: a lane's 32 are all in or out
-    float4 xv[8];
-    const float4* xp = reinterpret_cast<const float4*>(xr + in0);
+  // Unrolled by the ring's depth, so each step's slot is a constant.
+  for (int j0 = 0; j0 < my_steps; j0 += D) {
 #pragma unroll
-    for (int q = 0; q < 8; ++q) {
-      xv[q] = make_float4(0.f, 0.f, 0.f, 0.f);
-      if (ok && has_x) xv[q] = __ldg(xp + q);
-    }
-    if constexpr (NORM) {  // the norm's weight; 1 / rms multiplies the finished sums
-      if (ok && has_x) {
+    for (int slot = 0; slot < D; ++slot) {
+      const int j = j0 + slot;
+      if (j >= my_steps) break;
+      const int s = warp + j * kWarps;
+      const int in0 = s * kStepInputs + 32 * t;  // this lane's first input of the step
+      const bool ok = in0 < k;                    // k is a multiple of 32: a lane's 32 are all in or out
+      float4 xv[8];
+      const float4* xp = reinterpret_cast<const float4*>(xr + in0);
 #pragma unroll
-        for (int q = 0; q < 4; ++q) {
-          const uint4 raw = __ldg(reinterpret_cast<const uint4*>(prm.norm_weight + in0) + q);
-          const __nv_bfloat162* nw = reinterpret_cast<const __nv_bfloat162*>(&raw);
-          const float2 n0 = __bfloat1622float2(nw[0]), n1 = __bfloat1622float2(nw[1]);
-          const float2 n2 = __bfloat1622float2(nw[2]), n3 = __bfloat1622float2(nw[3]);
-          float4& a = xv[2 * q];
-          float4& b = xv[2 * q + 1];
-          a = make_float4(a.x * n0.x, a.y * n0.y, a.z * n1.x, a.w * n1.y);
-          b = make_float4(b.x * n2.x, b.y * n2.y, b.z * n3.x, b.w * n3.y);
+      for (int q = 0; q < 8; ++q) {
+        xv[q] = make_float4(0.f, 0.f, 0.f, 0.f);
+        if (ok && has_x) xv[q] = __ldg(xp + q);
+      }
+      if constexpr (NORM) {  // the norm's weight; 1 / rms multiplies the finished sums
+        if (ok && has_x) {
+#pragma unroll
+          for (int q = 0; q < 4; ++q) {
+            const uint4 raw = __ldg(reinterpret_cast<const uint4*>(prm.norm_weight + in0) + q);
+            const __nv_bfloat162* nw = reinterpret_cast<const __nv_bfloat162*>(&raw);
+            const float2 n0 = __bfloat1622float2(nw[0]), n1 = __bfloat1622float2(nw[1]);
+            const float2 n2 = __bfloat1622float2(nw[2]), n3 = __bfloat1622float2(nw[3]);
+            float4& a = xv[2 * q];
+            float4& b = xv[2 * q + 1];
+            a = make_float4(a.x * n0.x, a.y * n0.y, a.z * n1.x, a.w * n1.y);
+            b = make_float4(b.x * n2.x, b.y * n2.y, b.z * n3.x, b.w * n3.y);
+          }
         }
       }
+      nvfp4_mma::cp_async_wait<D - 1>();  // step j's group (D + j groups committed so far)
+      uint4 w[FT][2];
+      uint32_t sc[FT][2];
+      ws.fetch(slot, w, sc);
+      if constexpr (FAST) {
+        const float f = row_in[min(g, rows - 1)];
+#pragma unroll
+        for (int q = 0; q < 8; ++q) xv[q] = make_float4(xv[q].x * f, xv[q].y * f, xv[q].z * f, xv[q].w * f);
+        nvfp4_mma::tile_step_f16<FT>(acc, w, sc, xv);
+      } else {
+        nvfp4_mma::tile_step<FT>(acc, w, sc, xv);
+      }
+      // The slot is free once its values are multiplied: the step D ahead goes into it.
+      if (j + D < my_steps) ws.issue(s + D * kWarps, slot);
+      nvfp4_mma::cp_async_commit();
     }
-    nvfp4_mma::cp_async_wait<D - 1>();  // step j's group (D + j groups committed so far)
-    uint4 w[FT][2];
-    uint32_t sc[FT][2];
-    ws.fetch(j % D, w, sc);
-    nvfp4_mma::tile_step<FT>(acc, w, sc, xv);
-    // The slot is free once its values are multiplied: the step D ahead goes into it.
-    if (j + D < my_steps) ws.issue(s + D * kWarps, j % D);
-    nvfp4_mma::cp_async_commit();
   }
 
   // acc[i] = (tile row g, batch 2t, 2t + 1), (tile row g + 8, batch 2t, 2t + 1); the warps' sums
@@ -162,13 +189,15 @@ __global__ void __launch_bounds__(kThreads) gemv_nvfp4_kernel(GemvParams prm, co
     part[warp][16 * i + g + 8][2 * t + 1] = acc[i][3];
   }
   __syncthreads();
-  const float scale = prm.w_scale * 128.f;  // the global scale, and the 2^-7 of the decoded weights
+  // The global scale, and the decoded weights' 2^-7 (bf16 codes) or 2^-14 (fp16 codes).
+  const float scale = prm.w_scale * (FAST ? 16384.f : 128.f);
   auto total = [&](int f, int r) {
     float v = 0.f;
 #pragma unroll
     for (int p = 0; p < kWarps; ++p) v += part[p][f][r];
     v *= scale;
-    if constexpr (NORM) v *= inv_rms[r];
+    if constexpr (FAST) v *= row_out[r];
+    else if constexpr (NORM) v *= inv_rms[r];
     return v;
   };
   if constexpr (SWIGLU || ROPE) {
@@ -180,10 +209,17 @@ __global__ void __launch_bounds__(kThreads) gemv_nvfp4_kernel(GemvParams prm, co
       if (pair >= pairs) continue;
       const float first = total(16 * i + gg, r), second = total(16 * i + gg + 8, r);
       if constexpr (SWIGLU) {
-        prm.out[(size_t)r * pairs + pair] = first / (1.f + expf(-first)) * second;
+        const float y = first / (1.f + expf(-first)) * second;
+        prm.out[(size_t)r * pairs + pair] = y;
+        if (FAST) atomicMax(&row_max[r], __float_as_uint(fabsf(y)));  // non-negative: bits order as values
       } else {
         rope_store(prm.rope, r, pair / half, pair % half, first, second);
       }
+    }
+    if constexpr (FAST && SWIGLU) {
+      __syncthreads();
+      if (prm.amax_out && threadIdx.x < rows)
+        prm.amax_out[(size_t)threadIdx.x * gridDim.x + blockIdx.x] = __uint_as_float(row_max[threadIdx.x]);
     }
   } else if constexpr (RESID) {
     __shared__ float scratch[32];
@@ -212,17 +248,23 @@ __global__ void __launch_bounds__(kThreads) gemv_nvfp4_kernel(GemvParams prm, co
 // shared by 2 or 4 tiles (H200, 8 rows: gate_up 89 -> 40 us with 4, qkv 19.5 -> 16.3).
 int tiles_per_warp(int rows, int n) { return rows <= 4 ? 1 : n >= 16384 ? 4 : 2; }
 
-template <int FT, int MODE>
-void launch_kernel(const GemvParams& prm, const uint8_t* scales, int rows, cudaStream_t stream) {
+template <int FT, int MODE, bool FAST>
+void launch_precision(const GemvParams& prm, const uint8_t* scales, int rows, cudaStream_t stream) {
   const int blocks = (prm.n + 16 * FT - 1) / (16 * FT);
   // The ring is dynamic shared memory; with the static arrays it may pass the default 48 KB.
   static const bool sized = [] {
-    HEARTH_CUDA(cudaFuncSetAttribute(gemv_nvfp4_kernel<FT, MODE>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    HEARTH_CUDA(cudaFuncSetAttribute(gemv_nvfp4_kernel<FT, MODE, FAST>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                      ring_bytes<FT>()));
     return true;
   }();
   (void)sized;
-  launch_pdl(gemv_nvfp4_kernel<FT, MODE>, blocks, kThreads, ring_bytes<FT>(), stream, prm, scales, rows);
+  launch_pdl(gemv_nvfp4_kernel<FT, MODE, FAST>, blocks, kThreads, ring_bytes<FT>(), stream, prm, scales, rows);
+}
+
+template <int FT, int MODE>
+void launch_kernel(const GemvParams& prm, const uint8_t* scales, int rows, cudaStream_t stream) {
+  if (prm.fast) launch_precision<FT, MODE, true>(prm, scales, rows, stream);
+  else launch_precision<FT, MODE, false>(prm, scales, rows, stream);
 }
 
 template <int FT>

@@ -27,6 +27,15 @@ struct GemvParams {
   float* resid_partials;
   // kModeRope: where the rotated heads go
   RopeTarget rope;
+  // The fast precision over NVFP4 weights (GemvFast): one fp16 product; the activations go into
+  // fp16 divided by x_scale, or per row by the power of two its max |x| asks for (the producer's
+  // partials x_amax [rows, x_amax_count]); a SwiGLU product leaves each row's per-block max |y| at
+  // amax_out [rows, blocks]. False: the exact precision's bf16 hi + lo products.
+  bool fast = false;
+  float x_scale = 1.f;
+  const float* x_amax = nullptr;
+  int x_amax_count = 0;
+  float* amax_out = nullptr;
 };
 
 // gemv_nvfp4.cu: the NVFP4 GEMV of one launch (any mode above), its blocks and its pairing rule.

@@ -152,9 +152,21 @@ struct GemvNorm {
 struct GemvResidual {
   float* partials;         // [rows, gemv_blocks(rows, n, k)]
 };
+// The fast precision for NVFP4 weights (other formats ignore it; nullptr: the exact products): one
+// fp16 product per weight, the activations divided by `scale` (a power of two bounding a normalized
+// row, known at load; the norm's 1 / rms applied first), or per row by the power of two that brings
+// its max |x| into [2^14, 2^15), from the producer's partials amax [rows, amax_count]. A SwiGLU
+// product with amax_out leaves each row's per-block max |y| there ([rows, gemv_blocks(rows, 2 *
+// inter, k)]) for the down product to take as its amax.
+struct GemvFast {
+  float scale = 1.f;
+  const float* amax = nullptr;
+  int amax_count = 0;
+  float* amax_out = nullptr;
+};
 void launch_gemv(const float* x, const WeightView& w, float* out, int rows, int n, int k,
                  cudaStream_t stream, const GemvNorm* norm = nullptr,
-                 const GemvResidual* residual = nullptr);
+                 const GemvResidual* residual = nullptr, const GemvFast* fast = nullptr);
 // Blocks of one launch (the residual partials per row) and the k-split (1, 2, 4 or 8 warps per
 // output row) for this shape and weight format.
 int gemv_blocks(int rows, int n, int k, WeightFormat format = WeightFormat::Bf16);
@@ -171,9 +183,11 @@ bool gemv_swiglu_supported(int rows, int inter, int k, WeightFormat format = Wei
 // launch_gemv would. Only where gemv_rope_supported (block-aligned pairs, <= 4 rows).
 bool gemv_rope_supported(int rows, int n, int k, WeightFormat format = WeightFormat::Bf16);
 void launch_gemv_rope(const float* x, const WeightView& w_qkv, int rows, int n, int k,
-                      cudaStream_t stream, const GemvNorm& norm, const RopeTarget& rope);
+                      cudaStream_t stream, const GemvNorm& norm, const RopeTarget& rope,
+                      const GemvFast* fast = nullptr);
 void launch_gemv_swiglu(const float* x, const WeightView& w_gate_up, float* out, int rows,
-                        int inter, int k, cudaStream_t stream, const GemvNorm* norm = nullptr);
+                        int inter, int k, cudaStream_t stream, const GemvNorm* norm = nullptr,
+                        const GemvFast* fast = nullptr);
 
 // gemm.cu: the same product for many rows on tensor cores through cuBLASLt (loaded at first use),
 // fp32 accumulation and output; where the library cannot be loaded, a tiled kernel.

@@ -128,6 +128,57 @@ __device__ __forceinline__ void tile_step(float (&acc)[FT][4], const uint4 (&w)[
   }
 }
 
+// tile_step for the fast precision: one fp16 product per weight. The activations (already divided
+// by their operand scale) go into fp16 once per step; the codes into fp16 e2m1 * 2^-14 times the
+// block scale (exact, down to fp16's smallest subnormal), so acc[i] += tile i's products * 2^-14.
+template <int FT>
+__device__ __forceinline__ void tile_step_f16(float (&acc)[FT][4], const uint4 (&w)[FT][2],
+                                              const uint32_t (&sc)[FT][2], const float4 (&x)[8]) {
+  __half2 scale[FT][2][2];  // [tile][half][block of the word: words 0-1, 2-3]
+#pragma unroll
+  for (int i = 0; i < FT; ++i)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const __half2 both = block_scales_f16(sc[i][h]);
+      scale[i][h][0] = __low2half2(both);
+      scale[i][h][1] = __high2half2(both);
+    }
+#pragma unroll
+  for (int wd = 0; wd < 4; ++wd) {
+    const float4 a = x[2 * wd], b = x[2 * wd + 1];
+    const float av[4] = {a.x, a.y, a.z, a.w}, bv[4] = {b.x, b.y, b.z, b.w};
+    uint32_t xh[4];
+#pragma unroll
+    for (int p = 0; p < 4; ++p) {  // (input j, input j + 4), as the codes pair up
+      const __half2 v = __floats2half2_rn(av[p], bv[p]);
+      xh[p] = *reinterpret_cast<const uint32_t*>(&v);
+    }
+#pragma unroll
+    for (int i = 0; i < FT; ++i) {
+      uint32_t P[2][4];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const uint32_t q = (&w[i][h].x)[wd];
+        const __half2 sv = scale[i][h][wd >> 1];
+        P[h][0] = f16_mul2(e2m1_pair_f16<0>(q), sv);
+        P[h][1] = f16_mul2(e2m1_pair_f16<1>(q), sv);
+        P[h][2] = f16_mul2(e2m1_pair_f16<2>(q), sv);
+        P[h][3] = f16_mul2(e2m1_pair_f16<3>(q), sv);
+      }
+      mma_f16(acc[i], P[0][0], P[1][0], P[0][1], P[1][1], xh[0], xh[1]);
+      mma_f16(acc[i], P[0][2], P[1][2], P[0][3], P[1][3], xh[2], xh[3]);
+    }
+  }
+}
+
+// The power of two s with m / s in [2^14, 2^15) (1 for 0 or non-finite m): a fast operand's scale.
+__device__ __forceinline__ float operand_scale(float m) {
+  if (!(m > 0.f) || !isfinite(m)) return 1.f;
+  int e = 0;
+  frexpf(m, &e);
+  return ldexpf(1.f, e - 15);
+}
+
 // ---- cp.async: global -> shared copies that run while the warp computes ----
 __device__ __forceinline__ uint32_t smem_address(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));

@@ -46,10 +46,13 @@ struct Model::Residual {
 };
 
 // The input of a projection that is not a norm's output: fp32 rows, or (fast Gemm path) the
-// fp16 operand a producer already wrote.
+// fp16 operand a producer already wrote; from a fast NVFP4 SwiGLU GEMV, also its rows' per-block
+// max |y| (amax [rows, amax_count]) for the down GEMV's fp16 operand.
 struct Model::Activation {
   const float* f32 = nullptr;
   Fp16Operand f16;
+  const float* amax = nullptr;
+  int amax_count = 0;
 };
 
 // Between the qkv product and attention: bias, q / k norms, rope + KV write.
@@ -77,17 +80,27 @@ Model::Activation Model::project_normed(const Pass& pass, Residual& res, const b
   float* x = resid_ + (size_t)row0 * H;
   const RowPath path = path_for(pass.path, rows);
   const int inter = proj.n / 2;  // swiglu: gate rows then up rows
+  // The fast GEMV's operand (NVFP4 weights): a normalized row is bounded by norm_scale; a SwiGLU
+  // product leaves its rows' max |y| for the down product.
+  GemvFast fast{norm_scale};
+  const GemvFast* fast_gemv = pass.fast ? &fast : nullptr;
+  auto swiglu_output = [&] {
+    Activation a{gate_up_, {}};
+    if (fast_gemv && gemv_amax_) a.amax = gemv_amax_, a.amax_count = gemv_blocks(rows, proj.n, proj.k, proj.w.format);
+    return a;
+  };
+  if (fast_gemv && swiglu) fast.amax_out = gemv_amax_;
   if (path == RowPath::GemvFused) {
     const GemvNorm norm{norm_weight, norm_parts_ + (size_t)row0 * res.norm_count, res.norm_count, eps};
     if (rope && !rope->bias && !rope->q_norm && gemv_rope_supported(rows, proj.n, proj.k, proj.w.format)) {
-      launch_gemv_rope(x, proj.w, rows, proj.n, proj.k, stream_, norm, rope->target);
+      launch_gemv_rope(x, proj.w, rows, proj.n, proj.k, stream_, norm, rope->target, fast_gemv);
       return {};
     }
     if (swiglu && gemv_swiglu_supported(rows, inter, proj.k, proj.w.format)) {
-      launch_gemv_swiglu(x, proj.w, gate_up_, rows, inter, proj.k, stream_, &norm);
-      return Activation{gate_up_, {}};
+      launch_gemv_swiglu(x, proj.w, gate_up_, rows, inter, proj.k, stream_, &norm, fast_gemv);
+      return swiglu_output();
     }
-    launch_gemv(x, proj.w, out, rows, proj.n, proj.k, stream_, &norm);
+    launch_gemv(x, proj.w, out, rows, proj.n, proj.k, stream_, &norm, nullptr, fast_gemv);
   } else {
     // The norm kernel adds what the residual stream is owed, then writes the product's input.
     const float* delta = res.delta ? res.delta + (size_t)row0 * H : nullptr;
@@ -98,10 +111,10 @@ Model::Activation Model::project_normed(const Pass& pass, Residual& res, const b
     if (row0 == 0 && rows == pass.T) res.delta = nullptr, res.delta_row_scale = nullptr;
     if (path == RowPath::Gemv) {
       if (swiglu && gemv_swiglu_supported(rows, inter, proj.k, proj.w.format)) {
-        launch_gemv_swiglu(xn_, proj.w, gate_up_, rows, inter, proj.k, stream_);
-        return Activation{gate_up_, {}};
+        launch_gemv_swiglu(xn_, proj.w, gate_up_, rows, inter, proj.k, stream_, nullptr, fast_gemv);
+        return swiglu_output();
       }
-      launch_gemv(xn_, proj.w, out, rows, proj.n, proj.k, stream_);
+      launch_gemv(xn_, proj.w, out, rows, proj.n, proj.k, stream_, nullptr, nullptr, fast_gemv);
     } else if (pass.fast) {
       product_fast(pass, Fp16Operand{op16_, norm_scale, nullptr}, proj, out, rows);
     } else {
@@ -134,15 +147,18 @@ Model::Activation Model::project_normed(const Pass& pass, Residual& res, const b
 void Model::project_into_residual(const Pass& pass, Residual& res, const Linear& proj,
                                   const Activation& in) {
   const int T = pass.T;
+  // The fast GEMV's operand: SwiGLU rows by their max |y|; attention's output is bounded by max |v|.
+  const GemvFast fast{1.f, in.amax, in.amax_count};
+  const GemvFast* fast_gemv = pass.fast ? &fast : nullptr;
   switch (pass.path) {
     case RowPath::GemvFused: {
       const GemvResidual into{norm_parts_};
-      launch_gemv(in.f32, proj.w, resid_, T, proj.n, proj.k, stream_, nullptr, &into);
+      launch_gemv(in.f32, proj.w, resid_, T, proj.n, proj.k, stream_, nullptr, &into, fast_gemv);
       res.norm_count = gemv_blocks(T, proj.n, proj.k, proj.w.format);
       return;
     }
     case RowPath::Gemv:
-      launch_gemv(in.f32, proj.w, delta_, T, proj.n, proj.k, stream_);
+      launch_gemv(in.f32, proj.w, delta_, T, proj.n, proj.k, stream_, nullptr, nullptr, fast_gemv);
       res.delta = delta_;
       res.delta_row_scale = nullptr;
       return;

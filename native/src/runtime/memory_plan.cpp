@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <stdexcept>
 
+#include "../kernels/gemv_params.cuh"
 #include "../kernels/kernels.h"
 
 namespace hearth {
@@ -123,6 +124,10 @@ MemoryPlan plan_memory(const ModelConfig& c, const CacheConfig& cache) {
   // NVFP4, fast, up to 64 rows: gemm_nvfp4's k-split counters (its partials use nvfp4_expanded).
   const size_t widest_out = std::max({qkv, H, dense_layers ? 2 * I : 0});
   add("gemm_counters", c.nvfp4 && fast ? (size_t)gemm_nvfp4_counters((int)widest_out) * 4 : 0);
+  // NVFP4, fast, GEMV rows: the SwiGLU GEMV's per-block max |y| of each row, the down GEMV's scale.
+  size_t swiglu_blocks = 0;
+  for (int r = 1; r <= kGemvMaxRows; ++r) swiglu_blocks = std::max(swiglu_blocks, (size_t)gemv_nvfp4_blocks(r, (int)(2 * I)));
+  add("gemv_amax", c.nvfp4 && fast && dense_layers ? kGemvMaxRows * swiglu_blocks * 4 : 0);
   // Mixture of experts (moe.cu): router logits, the (row, expert) pairs, the experts' SwiGLU
   // activations and outputs per pair, the shared expert's outputs, the sort and its tiles.
   const size_t E = c.moe_experts, P = moe ? C * c.moe_top_k : 0, S = c.moe_shared_inter;

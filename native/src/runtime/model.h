@@ -184,6 +184,7 @@ class Model {
   int32_t *moe_pair_experts_ = nullptr, *moe_sorted_ = nullptr, *moe_tiles_ = nullptr;
   int* attn_counters_;  // decode attention's per (row, head) piece counters, left zero
   int* gemm_counters_ = nullptr;  // gemm_nvfp4's k-split counters (NVFP4, fast), left zero
+  float* gemv_amax_ = nullptr;    // the fast SwiGLU GEMV's per-block row max |y| (NVFP4, fast)
   int32_t *meta_, *tokens_;
   SampleRow* sample_params_;
   void* lt_workspace_;
