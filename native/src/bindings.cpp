@@ -321,6 +321,9 @@ void bind_runtime(py::module_& m) {
     py::gil_scoped_release unlocked;
     return c::moe_block(m);
   }, py::arg("spec"));
+  k.def("moe_route", &c::moe_route, release(), py::arg("resid"), py::arg("norm_partials"), py::arg("norm_count"),
+        py::arg("norm_weight"), py::arg("eps"), py::arg("router"), py::arg("router_rows"), py::arg("rows"),
+        py::arg("hidden"), py::arg("experts"), py::arg("top_k"), py::arg("normalize"), py::arg("xn"));
   k.def("sample", [](uintptr_t logits, int rows, int vocab, const py::list& reqs) {
     auto requests = sample_requests(reqs);
     py::gil_scoped_release unlocked;

@@ -134,6 +134,36 @@ def test_moe_block_matches_float64(path, rows, nvfp4, split, shared, normalize, 
     assert np.isfinite(got).all() and err <= bar
 
 
+@pytest.mark.parametrize("rows,shared", [(1, False), (4, True)])
+def test_moe_route_fuses_norm_router_and_top_k(rows, shared):
+    """The decode route (one kernel): RMSNorm from the residual's sums of squares (two partials per
+    row), router logits, softmax and top-k, against float64 on fresh inputs; the normalized rows it
+    leaves for the experts too. Launched twice: its counters were left zero."""
+    rng = np.random.default_rng(rows + 40)
+    hidden, experts, top_k = 2048, 128, 8
+    router_rows = experts + (1 if shared else 0)
+    resid = (rng.standard_normal((rows, hidden)) * 3).astype(np.float32)
+    norm_w = torch.from_numpy((1 + 0.1 * rng.standard_normal(hidden)).astype(np.float32)).to(torch.bfloat16).cuda()
+    router = torch.from_numpy((rng.standard_normal((router_rows, hidden)) * 0.05).astype(np.float32)).to(
+        torch.bfloat16).cuda()
+    sq = (resid.astype(np.float64) ** 2).sum(1)
+    partials = torch.from_numpy(np.stack([sq * 0.25, sq * 0.75], 1).astype(np.float32)).cuda()
+    resid_t = torch.from_numpy(resid).cuda()
+    xn = torch.full((rows, hidden), float("nan"), device="cuda")  # every element written
+    chosen, weights = K().moe_route(resid_t.data_ptr(), partials.data_ptr(), 2, norm_w.data_ptr(), 1e-6,
+                                    router.data_ptr(), router_rows, rows, hidden, experts, top_k, True, xn.data_ptr())
+    want_xn = resid.astype(np.float64) / np.sqrt(sq[:, None] / hidden + 1e-6) * norm_w.double().cpu().numpy()
+    assert _rel(xn.cpu().numpy(), want_xn) < 1e-6
+    logits = want_xn @ router.double().cpu().numpy()[:experts].T
+    probs = np.exp(logits - logits.max(-1, keepdims=True))
+    probs /= probs.sum(-1, keepdims=True)
+    want_chosen = np.argsort(-probs, axis=-1, kind="stable")[:, :top_k]
+    want_weights = np.take_along_axis(probs, want_chosen, -1)
+    want_weights /= want_weights.sum(-1, keepdims=True)
+    np.testing.assert_array_equal(np.asarray(chosen).reshape(rows, top_k), want_chosen)
+    np.testing.assert_allclose(np.asarray(weights).reshape(rows, top_k), want_weights, rtol=1e-4, atol=1e-6)
+
+
 def test_moe_tiled_equals_per_pair_gemv():
     """The 8-row tiles of one expert give each pair exactly what its own GEMV gives (same steps, same
     warp order): the block's result is bit-identical on both paths, 1 to 64 rows, shared expert too."""

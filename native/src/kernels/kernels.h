@@ -248,6 +248,25 @@ void launch_moe_router(const float* x, const bf16* w, float* logits, int rows, i
 // (ties: the lower expert), renormalised when asked: pair t * top_k + j gets its expert and weight.
 void launch_moe_top_k(const float* logits, int rows, int stride, int experts, int top_k,
                       bool normalize, int32_t* pair_expert, float* pair_weight, cudaStream_t stream);
+// Decode rows of the fused GEMV path (the residual stream holds the attention block's output and
+// its per-block sums of squares): RMSNorm (xn = normalized rows, for the experts), router logits
+// [rows, stride] and top-k pairs in one kernel; counters: `rows` ints, zero before the first launch
+// (each launch leaves them zero).
+struct MoeRoute {
+  const float* resid;          // [rows, hidden]
+  const float* norm_partials;  // [rows, norm_count]
+  int norm_count;
+  const bf16* norm_weight;     // [hidden]
+  float eps;
+  const bf16* router;          // [router_rows, hidden]: the experts' rows, then a shared-expert gate
+  int router_rows, hidden, experts, top_k, normalize, stride;
+  float* xn;
+  float* logits;
+  int32_t* pair_expert;
+  float* pair_weight;
+  int* counters;
+};
+void launch_moe_route(const MoeRoute& route, int rows, cudaStream_t stream);
 // Few rows: the chosen experts' rows only, one block column per pair (NVFP4 experts on tensor
 // cores, else one warp per output). gate_up: out = act [pairs, inter]
 // = silu(x[p / top_k] . gate_e) * (x[p / top_k] . up_e); else out = y [pairs, hidden] = x[p] . down_e

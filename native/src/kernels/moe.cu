@@ -107,19 +107,16 @@ __device__ __forceinline__ bool ranks_before(float v, int e, float ov, int oe) {
   return v > ov || (v == ov && e < oe);
 }
 
-__global__ void moe_top_k_kernel(const float* __restrict__ logits, int rows, int stride,
-                                 int experts, int top_k, int normalize,
-                                 int32_t* __restrict__ pair_expert, float* __restrict__ pair_weight) {
-  pdl_wait();
-  pdl_launch_dependents();
-  const int warp = (blockIdx.x * blockDim.x + threadIdx.x) >> 5, lane = threadIdx.x & 31;
-  if (warp >= rows) return;
-  const float* l = logits + (size_t)warp * stride;
+// Softmax over row l's first `experts` logits in fp32 and its top_k picks, by one warp (every lane
+// calls it); lane j < top_k writes pick j. Logits are read through L2 (__ldcg): the fused route
+// kernel reads what other blocks just wrote.
+__device__ __forceinline__ void top_k_row(const float* l, int experts, int top_k, int normalize, int lane,
+                                          int32_t* pair_expert, float* pair_weight) {
   float m = -INFINITY;
-  for (int e = lane; e < experts; e += 32) m = fmaxf(m, l[e]);
+  for (int e = lane; e < experts; e += 32) m = fmaxf(m, __ldcg(l + e));
   m = warp_max(m);
   float s = 0.f;
-  for (int e = lane; e < experts; e += 32) s += expf(l[e] - m);
+  for (int e = lane; e < experts; e += 32) s += expf(__ldcg(l + e) - m);
   s = warp_sum(s);
   // The j-th pick is the best (value, expert) ranked after the (j-1)-th: no set of taken experts.
   float prev_v = INFINITY, total = 0.f;
@@ -130,7 +127,7 @@ __global__ void moe_top_k_kernel(const float* __restrict__ logits, int rows, int
     float bv = -INFINITY;
     int be = INT_MAX;
     for (int e = lane; e < experts; e += 32) {
-      const float v = l[e];
+      const float v = __ldcg(l + e);
       if (ranks_before(prev_v, prev_e, v, e) && ranks_before(v, e, bv, be)) bv = v, be = e;
     }
 #pragma unroll
@@ -146,9 +143,78 @@ __global__ void moe_top_k_kernel(const float* __restrict__ logits, int rows, int
     prev_v = bv, prev_e = be;
   }
   if (lane < top_k) {
-    pair_expert[(size_t)warp * top_k + lane] = my_expert;
-    pair_weight[(size_t)warp * top_k + lane] = normalize ? my_weight / total : my_weight;
+    pair_expert[lane] = my_expert;
+    pair_weight[lane] = normalize ? my_weight / total : my_weight;
   }
+}
+
+__global__ void moe_top_k_kernel(const float* __restrict__ logits, int rows, int stride,
+                                 int experts, int top_k, int normalize,
+                                 int32_t* __restrict__ pair_expert, float* __restrict__ pair_weight) {
+  pdl_wait();
+  pdl_launch_dependents();
+  const int warp = (blockIdx.x * blockDim.x + threadIdx.x) >> 5, lane = threadIdx.x & 31;
+  if (warp >= rows) return;
+  top_k_row(logits + (size_t)warp * stride, experts, top_k, normalize, lane, pair_expert + (size_t)warp * top_k,
+            pair_weight + (size_t)warp * top_k);
+}
+
+// Decode rows whose residual stream already holds the attention block's output and leaves its sums
+// of squares in norm partials (the fused GEMV path): RMSNorm, router logits, softmax and top-k in
+// one kernel. Block (b, t): 8 warps, router rows 8b .. 8b + 7 of row t (1 / rms from the partials,
+// the norm weight applied on the fly); block 0 also writes the normalized row for the experts; the
+// row's last block to finish (a counter, left zero) picks its experts.
+constexpr int kRouteWarps = 8;
+
+__global__ void __launch_bounds__(kRouteWarps * 32) moe_route_kernel(MoeRoute r) {
+  pdl_wait();
+  pdl_launch_dependents();
+  const int t = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int H = r.hidden;
+  const float* x = r.resid + (size_t)t * H;
+  __shared__ float inv_rms;
+  __shared__ int last;
+  if (warp == 0) {
+    float sq = 0.f;
+    for (int i = lane; i < r.norm_count; i += 32) sq += r.norm_partials[(size_t)t * r.norm_count + i];
+    sq = warp_sum(sq);
+    if (lane == 0) inv_rms = rsqrtf(sq / (float)H + r.eps);
+  }
+  __syncthreads();
+  const float inv = inv_rms;
+  if (blockIdx.x == 0)
+    for (int i = threadIdx.x; i < H; i += blockDim.x) r.xn[(size_t)t * H + i] = x[i] * inv * __bfloat162float(r.norm_weight[i]);
+  const int e = blockIdx.x * kRouteWarps + warp;
+  if (e < r.router_rows) {
+    const uint4* w = reinterpret_cast<const uint4*>(r.router + (size_t)e * H);
+    const uint4* nw = reinterpret_cast<const uint4*>(r.norm_weight);
+    const float4* xr = reinterpret_cast<const float4*>(x);
+    float acc = 0.f;
+    for (int c = lane; c < H / 8; c += 32) {
+      const uint4 wr = __ldg(w + c), nr = __ldg(nw + c);
+      const __nv_bfloat162* wp = reinterpret_cast<const __nv_bfloat162*>(&wr);
+      const __nv_bfloat162* np = reinterpret_cast<const __nv_bfloat162*>(&nr);
+      const float4 a = xr[2 * c], b = xr[2 * c + 1];
+      const float xs[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        const float2 wf = __bfloat1622float2(wp[q]), nf = __bfloat1622float2(np[q]);
+        acc += xs[2 * q] * nf.x * wf.x + xs[2 * q + 1] * nf.y * wf.y;
+      }
+    }
+    acc = warp_sum(acc);
+    if (lane == 0) r.logits[(size_t)t * r.stride + e] = acc * inv;
+  }
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) last = atomicAdd(&r.counters[t], 1) == (int)gridDim.x - 1;
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  if (warp == 0)
+    top_k_row(r.logits + (size_t)t * r.stride, r.experts, r.top_k, r.normalize, lane,
+              r.pair_expert + (size_t)t * r.top_k, r.pair_weight + (size_t)t * r.top_k);
+  if (threadIdx.x == 0) r.counters[t] = 0;
 }
 
 template <bool NVFP4>
@@ -572,6 +638,17 @@ void launch_moe_top_k(const float* logits, int rows, int stride, int experts, in
   launch_pdl(moe_top_k_kernel, warp_blocks(rows), kWarpThreads, 0, stream, logits, rows, stride, experts, top_k,
              normalize ? 1 : 0, pair_expert, pair_weight);
   HEARTH_CHECK_LAUNCH("moe_top_k_kernel");
+}
+
+void launch_moe_route(const MoeRoute& r, int rows, cudaStream_t stream) {
+  HEARTH_REQUIRE(r.hidden % 8 == 0 && r.router_rows >= r.experts && r.stride >= r.router_rows && r.norm_count > 0,
+                 "moe route: bad shape");
+  HEARTH_REQUIRE(r.top_k > 0 && r.top_k <= 32 && r.top_k <= r.experts,
+                 "moe route: between 1 and min(32, experts) experts per token");
+  if (rows == 0) return;
+  launch_pdl(moe_route_kernel, dim3((r.router_rows + kRouteWarps - 1) / kRouteWarps, rows), kRouteWarps * 32, 0,
+             stream, r);
+  HEARTH_CHECK_LAUNCH("moe_route_kernel");
 }
 
 void launch_moe_expert_gemv(const float* x, const MoeExperts& ex, const int32_t* pair_expert,

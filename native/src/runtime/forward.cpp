@@ -247,12 +247,19 @@ void Model::moe_block(const Pass& pass, Residual& res, int layer) {
   const int T = pass.T, H = cfg_.hidden, E = cfg_.moe_experts, K = cfg_.moe_top_k;
   const bool shared = cfg_.moe_shared_inter > 0;
   const int stride = (int)moe_router_rows(cfg_);  // the experts' logits, then the shared gate's
-  launch_rmsnorm_residual(resid_, res.delta, lw.mlp_norm, xn_, T, H, cfg_.rms_eps, stream_,
-                          res.delta_row_scale);
-  res.delta = nullptr, res.delta_row_scale = nullptr;
-  launch_moe_router(xn_, lw.router, moe_logits_, T, stride, H, stream_);
-  launch_moe_top_k(moe_logits_, T, stride, E, K, cfg_.moe_normalize, moe_pair_experts_,
-                   moe_pair_weights_, stream_);
+  if (pass.path == RowPath::GemvFused) {  // the norm from the o GEMV's sums of squares: one kernel
+    const MoeRoute route{resid_, norm_parts_, res.norm_count, lw.mlp_norm, cfg_.rms_eps, lw.router, stride, H, E, K,
+                         cfg_.moe_normalize ? 1 : 0, stride, xn_, moe_logits_, moe_pair_experts_,
+                         moe_pair_weights_, moe_counters_};
+    launch_moe_route(route, T, stream_);
+  } else {
+    launch_rmsnorm_residual(resid_, res.delta, lw.mlp_norm, xn_, T, H, cfg_.rms_eps, stream_,
+                            res.delta_row_scale);
+    res.delta = nullptr, res.delta_row_scale = nullptr;
+    launch_moe_router(xn_, lw.router, moe_logits_, T, stride, H, stream_);
+    launch_moe_top_k(moe_logits_, T, stride, E, K, cfg_.moe_normalize, moe_pair_experts_,
+                     moe_pair_weights_, stream_);
+  }
   run_experts(pass, lw.experts, moe_pair_experts_, T * K, K, moe_y_);
   if (shared) run_experts(pass, lw.shared, nullptr, T, 1, moe_shared_y_);
   // The fused GEMV path's next norm reads each row's sum of squares (count 1).

@@ -332,6 +332,27 @@ MoeExperts moe_experts(const MoeExpertPointers& p, int experts, int inter, int h
 }
 }  // namespace
 
+std::pair<std::vector<int32_t>, std::vector<float>> moe_route(uintptr_t resid, uintptr_t norm_partials, int norm_count,
+                                                              uintptr_t norm_weight, float eps, uintptr_t router,
+                                                              int router_rows, int rows, int hidden, int experts,
+                                                              int top_k, bool normalize, uintptr_t xn) {
+  const int pairs = rows * top_k;
+  DeviceBuffer logits((size_t)rows * router_rows * 4 + 4, "moe logits"), experts_out(pairs * 4 + 4, "moe pairs"),
+      weights(pairs * 4 + 4, "moe weights"), counters((size_t)rows * 4 + 4, "moe counters");
+  HEARTH_CUDA(cudaMemset(counters.get(), 0, counters.bytes()));
+  const MoeRoute r{P<const float>(resid), P<const float>(norm_partials), norm_count, P<const bf16>(norm_weight), eps,
+                   P<const bf16>(router), router_rows, hidden, experts, top_k, normalize ? 1 : 0, router_rows,
+                   P<float>(xn), logits.as<float>(), experts_out.as<int32_t>(), weights.as<float>(),
+                   counters.as<int>()};
+  for (int rep = 0; rep < 2; ++rep) launch_moe_route(r, rows, 0);  // twice: the counters were left zero
+  sync();
+  std::vector<int32_t> chosen(pairs);
+  std::vector<float> chosen_weights(pairs);
+  HEARTH_CUDA(cudaMemcpy(chosen.data(), experts_out.get(), pairs * 4, cudaMemcpyDeviceToHost));
+  HEARTH_CUDA(cudaMemcpy(chosen_weights.data(), weights.get(), pairs * 4, cudaMemcpyDeviceToHost));
+  return {chosen, chosen_weights};
+}
+
 std::pair<std::vector<int32_t>, std::vector<float>> moe_block(const MoeCheck& c) {
   HEARTH_REQUIRE(c.path == "gemv" || c.path == "grouped" || c.path == "tiled",
                  "moe_block: path is 'gemv', 'grouped' or 'tiled'");

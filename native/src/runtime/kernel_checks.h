@@ -93,6 +93,12 @@ struct MoeCheck {
 };
 // The pairs' experts and weights the router chose, [rows * top_k] each.
 std::pair<std::vector<int32_t>, std::vector<float>> moe_block(const MoeCheck& check);
+// The fused decode route (launch_moe_route): resid [rows, hidden] and its sums of squares in
+// norm_partials [rows, norm_count] -> xn (normalized rows) and the pairs' experts and weights.
+std::pair<std::vector<int32_t>, std::vector<float>> moe_route(uintptr_t resid, uintptr_t norm_partials, int norm_count,
+                                                              uintptr_t norm_weight, float eps, uintptr_t router,
+                                                              int router_rows, int rows, int hidden, int experts,
+                                                              int top_k, bool normalize, uintptr_t xn);
 std::vector<int32_t> sample(uintptr_t logits, int rows, int vocab,
                             const std::vector<SampleRequest>& requests);
 

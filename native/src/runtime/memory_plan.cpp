@@ -143,6 +143,7 @@ MemoryPlan plan_memory(const ModelConfig& c, const CacheConfig& cache) {
                                 moe_max_tiles((int)std::min<size_t>(P, (size_t)kMoeTiledMaxRows * c.moe_top_k), (int)E,
                                               kMoeGemvTileRows));
   add("moe_tiles", moe ? (1 + 3 * tiles) * 4 : 0);
+  add("moe_counters", moe ? C * 4 : 0);  // the fused route kernel's, one per row
 
   plan.kv_block_bytes = 2 * L * (size_t)cache.block_size * kv * 2;
   plan.kv_blocks = cache.block_count > 0 ? cache.block_count

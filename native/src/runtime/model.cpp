@@ -168,6 +168,8 @@ void Model::allocate() {
   moe_shared_y_ = reinterpret_cast<float*>(moe_part("moe_shared_outputs"));
   moe_sorted_ = reinterpret_cast<int32_t*>(moe_part("moe_sorted_pairs"));
   moe_tiles_ = reinterpret_cast<int32_t*>(moe_part("moe_tiles"));
+  moe_counters_ = reinterpret_cast<int*>(moe_part("moe_counters"));
+  if (moe_counters_) HEARTH_CUDA(cudaMemset(moe_counters_, 0, plan_part(plan, "moe_counters")));
   HEARTH_REQUIRE(p == workspace_.as<char>() + plan.workspace_bytes, "workspace layout disagrees with the plan");
 
   HEARTH_CUDA(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));

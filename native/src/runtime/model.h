@@ -182,6 +182,7 @@ class Model {
   float *moe_logits_ = nullptr, *moe_pair_weights_ = nullptr, *moe_act_ = nullptr, *moe_y_ = nullptr,
         *moe_shared_y_ = nullptr;
   int32_t *moe_pair_experts_ = nullptr, *moe_sorted_ = nullptr, *moe_tiles_ = nullptr;
+  int* moe_counters_ = nullptr;  // the fused route kernel's per-row counters, left zero
   int* attn_counters_;  // decode attention's per (row, head) piece counters, left zero
   int* gemm_counters_ = nullptr;  // gemm_nvfp4's k-split counters (NVFP4, fast), left zero
   float* gemv_amax_ = nullptr;    // the fast SwiGLU GEMV's per-block row max |y| (NVFP4, fast)
