@@ -95,6 +95,8 @@ BLOCK_CASES = [  # (path, rows, nvfp4, split, shared, normalize, bar)
     ("grouped", 300, False, False, True, False, 2e-3),    # fast: one fp16 product (3.8e-4 measured)
     ("grouped", 700, True, True, True, True, 5e-5),
     ("grouped", 97, True, False, False, False, 2e-3),
+    ("grouped_nvfp4", 300, True, False, True, True, 2e-3),  # fast, codes read in place: one fp16 product
+    ("grouped_nvfp4", 700, True, False, False, False, 2e-3),
     ("tiled", 12, True, False, True, True, 1e-5),          # NVFP4 experts, 8-row tiles of one expert
     ("tiled", 64, True, False, False, False, 1e-5),
 ]

@@ -29,23 +29,14 @@ constexpr int kBlockRows = 16 * kWarps;
 constexpr int kDepth = 3;
 using nvfp4_mma::kStepInputs;
 using Stream = nvfp4_mma::WeightStream<1, kDepth>;
-// A staged activation row: 128 fp16 in 16 chunks of 8 inputs, chunk c at slot (c % 4) * 4 + c / 4,
-// rows 320 bytes apart: the 8 lanes of an LDS.128 phase (rows g, g + 1; t = 0..3; one word wd)
-// then read 8 distinct 16-byte bank groups.
-constexpr int kActRowBytes = 320;
+using nvfp4_mma::kStagedRowBytes;
 
 template <int NB>
 struct Layout {
-  static constexpr int kActStage = 8 * NB * kActRowBytes;
+  static constexpr int kActStage = 8 * NB * kStagedRowBytes;
   static constexpr int kAct = kDepth * kActStage;
   static constexpr int kBytes = kAct + kWarps * Stream::kWarpBytes;
 };
-
-__device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
-  uint32_t r;
-  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(sel));
-  return r;
-}
 
 template <int NB>
 __global__ void __launch_bounds__(kThreads) gemm_nvfp4_kernel(const f16* __restrict__ x, const uint8_t* __restrict__ codes,
@@ -78,8 +69,7 @@ __global__ void __launch_bounds__(kThreads) gemm_nvfp4_kernel(const f16* __restr
       const int r = q >> 4, c = q & 15;
       const int in = s * kStepInputs + 8 * c;
       const bool ok = r < rows && in < k;
-      cp_async_16(stage + r * kActRowBytes + ((c & 3) * 4 + (c >> 2)) * 16, ok ? x + (size_t)r * k + in : x,
-                  ok ? 16 : 0);
+      cp_async_16(stage + staged_chunk_offset(r, c), ok ? x + (size_t)r * k + in : x, ok ? 16 : 0);
     }
   };
   // Groups: the weights of steps 0 .. kDepth - 2 (before the wait: they never change), then their
@@ -104,48 +94,7 @@ __global__ void __launch_bounds__(kThreads) gemm_nvfp4_kernel(const f16* __restr
 #pragma unroll
     for (int q = 0; q < 4; ++q) acc[b][q] = 0.f;
 
-  for (int j = 0; j < nsteps; ++j) {
-    cp_async_wait<kDepth - 2>();
-    __syncthreads();  // step j staged by every thread; step j - 1's slot read by every warp
-    const int ahead = j + kDepth - 1;
-    if (ahead < nsteps) {
-      ws.issue(s0 + ahead, ahead % kDepth);
-      stage_activations(s0 + ahead, ahead % kDepth);
-    }
-    cp_async_commit();
-    const int slot = j % kDepth;
-    uint4 w[1][2];
-    uint32_t sc[1][2];
-    ws.fetch(slot, w, sc);
-    const unsigned char* stage = smem + slot * L::kActStage;
-    __half2 scale[2][2];  // [half][block of the word: words 0-1, 2-3]
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const __half2 both = block_scales_f16(sc[0][h]);
-      scale[h][0] = __low2half2(both);
-      scale[h][1] = __high2half2(both);
-    }
-#pragma unroll
-    for (int wd = 0; wd < 4; ++wd) {
-      uint32_t P[2][4];
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const uint32_t q = (&w[0][h].x)[wd];
-        const __half2 sv = scale[h][wd >> 1];
-        P[h][0] = f16_mul2(e2m1_pair_f16<0>(q), sv);
-        P[h][1] = f16_mul2(e2m1_pair_f16<1>(q), sv);
-        P[h][2] = f16_mul2(e2m1_pair_f16<2>(q), sv);
-        P[h][3] = f16_mul2(e2m1_pair_f16<3>(q), sv);
-      }
-#pragma unroll
-      for (int b = 0; b < NB; ++b) {
-        // Inputs 32 t + 8 wd .. + 7 of batch row 8 b + g, paired (i, i + 4) as the codes are.
-        const uint4 r = *reinterpret_cast<const uint4*>(stage + (8 * b + g) * kActRowBytes + (wd * 4 + t) * 16);
-        mma_f16(acc[b], P[0][0], P[1][0], P[0][1], P[1][1], prmt(r.x, r.z, 0x5410), prmt(r.x, r.z, 0x7632));
-        mma_f16(acc[b], P[0][2], P[1][2], P[0][3], P[1][3], prmt(r.y, r.w, 0x5410), prmt(r.y, r.w, 0x7632));
-      }
-    }
-  }
+  staged_steps<NB, kDepth>(ws, stage_activations, s0, nsteps, smem, L::kActStage, g, t, acc);
 
   // acc[b] = (tile row g, batch rows 8b + 2t, + 1), (tile row g + 8, the same batch rows).
   const float scale = alpha * 16384.f;  // the codes' 2^-14

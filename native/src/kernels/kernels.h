@@ -292,6 +292,14 @@ void launch_moe_sort(const int32_t* pair_expert, int pairs, int experts, int til
 void launch_moe_grouped(const float* x, const MoeExperts& ex, const int32_t* sorted,
                         const int32_t* tiles, int max_tiles, int top_k, bool gate_up, bool split,
                         float* out, cudaStream_t stream);
+// The fast precision's grouped product over NVFP4 experts (moe_tiled_gemv_supported shapes), codes
+// read in place, one fp16 product: the same tiles and conventions as launch_moe_grouped, over fp16
+// operands. gate_up: x16 = the normalized rows / x_scale [rows, hidden] -> act16 [pairs, inter] by
+// sorted position, fp16(silu(g) * u) clamped to fp16's range; down: x16 = act16 (x_scale 1) -> y
+// [pairs, hidden] by pair.
+void launch_moe_grouped_nvfp4(const f16* x16, float x_scale, const MoeExperts& ex, const int32_t* sorted,
+                              const int32_t* tiles, int max_tiles, int top_k, bool gate_up, f16* act16, float* y,
+                              cudaStream_t stream);
 // resid[t] += sum_j pair_weight[t, j] * y[t * top_k + j] (+ sigmoid(shared_logit[t * stride]) *
 // shared_y[t] where shared_y is given); with sum_squares, each new row's sum of squares (the
 // partials a GemvNorm reads, count 1).

@@ -571,6 +571,101 @@ __global__ void __launch_bounds__(kGroupedThreads) moe_grouped_kernel(GroupedArg
   }
 }
 
+// ---- NVFP4 experts, fast precision, many rows: the grouped product on mma.sync, codes read in place.
+// Block (output tile, sorted tile of up to 64 rows of one expert): 8 warps, each a 16-row weight tile
+// streamed through its ring (nvfp4_mma::WeightStream), the tile's activations staged per step in
+// shared memory (fp16, gathered by row) and shared by the warps (staged_steps, as gemm_nvfp4.cu).
+// gate_up: warp w's tile rows 0-7 are gate rows j = 64 bx + 8 w + g, rows 8-15 the matching up rows,
+// so a lane holds both sums of an output; it writes act16 by sorted position, fp16(silu(g) * u)
+// clamped to fp16's range (as the WMMA kernel's fast operand was). down: 16 consecutive output rows
+// per warp, y by pair. Tiles past the sort's count exit at once.
+constexpr int kGroupedWarps = 8;
+constexpr int kGroupedDepth = 3;
+using GroupedStream = nvfp4_mma::WeightStream<1, kGroupedDepth>;
+constexpr int kGroupedStage = kMoeTileRows * nvfp4_mma::kStagedRowBytes;
+constexpr int kGroupedSmem = kGroupedDepth * kGroupedStage + kGroupedWarps * GroupedStream::kWarpBytes;
+static_assert(kMoeTileRows == 64, "the staged product takes 8 groups of 8 rows");
+
+template <bool GATE_UP>
+__global__ void __launch_bounds__(kGroupedWarps * 32) moe_grouped_nvfp4_kernel(const f16* __restrict__ x16, MoeExperts ex,
+                                                                              const int32_t* __restrict__ sorted,
+                                                                              const int32_t* __restrict__ tiles,
+                                                                              int top_k, float x_scale, f16* __restrict__ act16,
+                                                                              float* __restrict__ y) {
+  using namespace nvfp4_mma;
+  extern __shared__ __align__(16) unsigned char smem[];
+  pdl_wait();  // the tiles, and the activations, come from the kernels before
+  pdl_launch_dependents();
+  const int tl = blockIdx.y;
+  if (tl >= tiles[0]) return;
+  const int e = tiles[1 + 3 * tl], start = tiles[2 + 3 * tl], rows = tiles[3 + 3 * tl];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int g = lane >> 2, t = lane & 3;
+  const int I = ex.inter, H = ex.hidden;
+  const int k = GATE_UP ? H : I;
+  const WeightView& w = GATE_UP ? ex.gate_up : ex.down;
+  const size_t expert_rows = GATE_UP ? 2 * (size_t)I : (size_t)H;
+  const int base = GATE_UP ? blockIdx.x * 64 + warp * 8 : blockIdx.x * 128 + warp * 16;
+
+  GroupedStream ws;
+  ws.init(smem + kGroupedDepth * kGroupedStage + warp * GroupedStream::kWarpBytes, lane, k);
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const size_t row = (size_t)e * expert_rows +
+                       (GATE_UP ? (size_t)min(base + g, I - 1) + h * (size_t)I : (size_t)min(base + g + 8 * h, H - 1));
+    ws.set_row(0, h, static_cast<const uint8_t*>(w.data) + row * (k / 2), w.block_scales + row * (k / 16));
+  }
+  auto stage = [&](int s, int slot) {
+    unsigned char* dst = smem + slot * kGroupedStage;
+    for (int q = threadIdx.x; q < kMoeTileRows * 16; q += blockDim.x) {
+      const int r = q >> 4, c = q & 15;
+      const int in = s * kStepInputs + 8 * c;
+      const bool ok = r < rows && in < k;
+      const int src = ok ? (GATE_UP ? sorted[start + r] / top_k : start + r) : 0;
+      cp_async_16(dst + staged_chunk_offset(r, c), x16 + (size_t)src * k + (ok ? in : 0), ok ? 16 : 0);
+    }
+  };
+  const int steps = (k + kStepInputs - 1) / kStepInputs;
+#pragma unroll
+  for (int d = 0; d < kGroupedDepth - 1; ++d) {
+    if (d < steps) ws.issue(d, d);
+    cp_async_commit();
+  }
+#pragma unroll
+  for (int d = 0; d < kGroupedDepth - 1; ++d) {
+    if (d < steps) stage(d, d);
+    cp_async_commit();
+  }
+  float acc[8][4];
+#pragma unroll
+  for (int b = 0; b < 8; ++b)
+#pragma unroll
+    for (int q = 0; q < 4; ++q) acc[b][q] = 0.f;
+  staged_steps<8, kGroupedDepth>(ws, stage, 0, steps, smem, kGroupedStage, g, t, acc);
+
+  // acc[b] = (tile row g, rows 8b + 2t, + 1), (tile row g + 8, the same rows); sums * 2^-14.
+  const float scale = (GATE_UP ? expert_scale(ex.gate_up_scales, ex.gate_up.scale, e)
+                               : expert_scale(ex.down_scales, ex.down.scale, e)) * x_scale * 16384.f;
+#pragma unroll
+  for (int b = 0; b < 8; ++b)
+#pragma unroll
+    for (int c = 0; c < 2; ++c) {
+      const int m = 8 * b + 2 * t + c;
+      if (m >= rows) continue;
+      if constexpr (GATE_UP) {
+        const int j = base + g;
+        if (j < I) {
+          const float v = silu_mul(acc[b][c] * scale, acc[b][2 + c] * scale);
+          act16[(size_t)(start + m) * I + j] = __float2half_rn(fminf(fmaxf(v, -65504.f), 65504.f));
+        }
+      } else {
+        const size_t out_row = (size_t)sorted[start + m] * H;
+        if (base + g < H) y[out_row + base + g] = acc[b][c] * scale;
+        if (base + g + 8 < H) y[out_row + base + g + 8] = acc[b][2 + c] * scale;
+      }
+    }
+}
+
 __global__ void moe_combine_kernel(float* __restrict__ resid, const float* __restrict__ y,
                                    const float* __restrict__ pair_weight, int top_k, int hidden,
                                    const float* __restrict__ shared_y,
@@ -730,6 +825,31 @@ void launch_moe_grouped(const float* x, const MoeExperts& ex, const int32_t* sor
     return 0;
   });
   HEARTH_CHECK_LAUNCH("moe_grouped_kernel");
+}
+
+void launch_moe_grouped_nvfp4(const f16* x16, float x_scale, const MoeExperts& ex, const int32_t* sorted,
+                              const int32_t* tiles, int max_tiles, int top_k, bool gate_up, f16* act16, float* y,
+                              cudaStream_t stream) {
+  check_experts(ex);
+  HEARTH_REQUIRE(moe_tiled_gemv_supported(ex), "moe grouped nvfp4: NVFP4 experts with sizes a multiple of 32");
+  HEARTH_REQUIRE(max_tiles >= 0 && max_tiles <= 65535 && top_k > 0, "moe grouped nvfp4: bad tile count");
+  if (max_tiles == 0) return;
+  static const bool sized = [] {
+    HEARTH_CUDA(cudaFuncSetAttribute(moe_grouped_nvfp4_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                     kGroupedSmem));
+    HEARTH_CUDA(cudaFuncSetAttribute(moe_grouped_nvfp4_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                     kGroupedSmem));
+    return true;
+  }();
+  (void)sized;
+  if (gate_up) {
+    launch_pdl(moe_grouped_nvfp4_kernel<true>, dim3((ex.inter + 63) / 64, max_tiles), kGroupedWarps * 32,
+               kGroupedSmem, stream, x16, ex, sorted, tiles, top_k, x_scale, act16, y);
+  } else {
+    launch_pdl(moe_grouped_nvfp4_kernel<false>, dim3((ex.hidden + 127) / 128, max_tiles), kGroupedWarps * 32,
+               kGroupedSmem, stream, x16, ex, sorted, tiles, top_k, x_scale, act16, y);
+  }
+  HEARTH_CHECK_LAUNCH("moe_grouped_nvfp4_kernel");
 }
 
 void launch_moe_combine(float* resid, const float* y, const float* pair_weight, int rows,

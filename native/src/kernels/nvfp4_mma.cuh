@@ -171,6 +171,57 @@ __device__ __forceinline__ void tile_step_f16(float (&acc)[FT][4], const uint4 (
   }
 }
 
+// ---- many rows: fp16 activations staged in shared memory, shared by a block's warps ----
+// A staged activation row holds one step (128 inputs, fp16) in 16 chunks of 8 inputs, chunk c at
+// slot (c % 4) * 4 + c / 4, rows 320 bytes apart: the 8 lanes of an LDS.128 phase (rows g, g + 1;
+// t = 0..3; one word wd) then read 8 distinct 16-byte bank groups.
+constexpr int kStagedRowBytes = 320;
+
+__device__ __forceinline__ int staged_chunk_offset(int row, int chunk) {
+  return row * kStagedRowBytes + ((chunk & 3) * 4 + (chunk >> 2)) * 16;
+}
+
+__device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
+  uint32_t r;
+  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(sel));
+  return r;
+}
+
+// One step of one 16-row tile (this lane's codes w and scales sc, as WeightStream fetches them) over
+// NB groups of 8 staged rows (the mma's columns): acc[b] += the products * 2^-14 (fp16 codes times
+// their block scale, exact; one fp16 product).
+template <int NB>
+__device__ __forceinline__ void tile_step_staged(float (&acc)[NB][4], const uint4 (&w)[2], const uint32_t (&sc)[2],
+                                                 const unsigned char* stage, int g, int t) {
+  __half2 scale[2][2];  // [half][block of the word: words 0-1, 2-3]
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const __half2 both = block_scales_f16(sc[h]);
+    scale[h][0] = __low2half2(both);
+    scale[h][1] = __high2half2(both);
+  }
+#pragma unroll
+  for (int wd = 0; wd < 4; ++wd) {
+    uint32_t P[2][4];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const uint32_t q = (&w[h].x)[wd];
+      const __half2 sv = scale[h][wd >> 1];
+      P[h][0] = f16_mul2(e2m1_pair_f16<0>(q), sv);
+      P[h][1] = f16_mul2(e2m1_pair_f16<1>(q), sv);
+      P[h][2] = f16_mul2(e2m1_pair_f16<2>(q), sv);
+      P[h][3] = f16_mul2(e2m1_pair_f16<3>(q), sv);
+    }
+#pragma unroll
+    for (int b = 0; b < NB; ++b) {
+      // Inputs 32 t + 8 wd .. + 7 of staged row 8 b + g, paired (i, i + 4) as the codes are.
+      const uint4 r = *reinterpret_cast<const uint4*>(stage + (8 * b + g) * kStagedRowBytes + (wd * 4 + t) * 16);
+      mma_f16(acc[b], P[0][0], P[1][0], P[0][1], P[1][1], prmt(r.x, r.z, 0x5410), prmt(r.x, r.z, 0x7632));
+      mma_f16(acc[b], P[0][2], P[1][2], P[0][3], P[1][3], prmt(r.y, r.w, 0x5410), prmt(r.y, r.w, 0x7632));
+    }
+  }
+}
+
 // The power of two s with m / s in [2^14, 2^15) (1 for 0 or non-finite m): a fast operand's scale.
 __device__ __forceinline__ float operand_scale(float m) {
   if (!(m > 0.f) || !isfinite(m)) return 1.f;
@@ -262,6 +313,32 @@ struct WeightStream {
       }
   }
 };
+
+// A block's many-row product over steps s0 .. s0 + nsteps - 1 with D - 1 steps in flight: per step
+// every thread stages its share of the activations (stage(s, slot): cp.async into ring slot `slot`
+// of act, act_stage_bytes apart) and each warp its tile's codes (ws). Groups: the caller has
+// committed the weights of steps 0 .. D - 2 (one group each, before pdl_wait: they never change)
+// and then their activations; each iteration commits one group (both) for the step D - 1 ahead, so
+// step j is complete once at most D - 2 newer groups are in flight. Every thread of the block calls it.
+template <int NB, int D, typename Stage>
+__device__ __forceinline__ void staged_steps(const WeightStream<1, D>& ws, Stage&& stage, int s0, int nsteps,
+                                             const unsigned char* act, int act_stage_bytes, int g, int t,
+                                             float (&acc)[NB][4]) {
+  for (int j = 0; j < nsteps; ++j) {
+    cp_async_wait<D - 2>();
+    __syncthreads();  // step j staged by every thread; step j - 1's slot read by every warp
+    const int ahead = j + D - 1;
+    if (ahead < nsteps) {
+      ws.issue(s0 + ahead, ahead % D);
+      stage(s0 + ahead, ahead % D);
+    }
+    cp_async_commit();
+    uint4 w[1][2];
+    uint32_t sc[1][2];
+    ws.fetch(j % D, w, sc);
+    tile_step_staged<NB>(acc, w[0], sc[0], act + (j % D) * act_stage_bytes, g, t);
+  }
+}
 
 }  // namespace nvfp4_mma
 }  // namespace hearth

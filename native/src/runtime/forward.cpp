@@ -15,7 +15,8 @@
 //     kernels follow. A residual projection leaves its output for the next norm to add.
 // A feed-forward kind is a block: feed_forward_block (dense SwiGLU) or moe_block (mixture of
 // experts, moe.cu: router, top-k, expert GEMVs for few rows or a sorted grouped GEMM for many,
-// the weighted sum added into the residual stream); a new weight format is one more WeightFormat
+// the weighted sum added into the residual stream; NVFP4 experts at the fast precision: the grouped
+// product on mma.sync over codes read in place); a new weight format is one more WeightFormat
 // the projections (and the expert kernels) dispatch on.
 #include <cmath>
 
@@ -223,7 +224,7 @@ void Model::feed_forward_block(const Pass& pass, Residual& res, int layer) {
 }
 
 void Model::run_experts(const Pass& pass, const MoeExperts& ex, const int32_t* pair_expert, int pairs,
-                        int top_k, float* y) {
+                        int top_k, float* y, const f16* x16, float x_scale) {
   if (pass.T <= kGemvMaxRows) {  // decode: read only the chosen experts' rows
     launch_moe_expert_gemv(xn_, ex, pair_expert, pairs, top_k, true, moe_act_, stream_);
     launch_moe_expert_gemv(moe_act_, ex, pair_expert, pairs, 1, false, y, stream_);
@@ -238,6 +239,12 @@ void Model::run_experts(const Pass& pass, const MoeExperts& ex, const int32_t* p
   }
   const int max_tiles = moe_max_tiles(pairs, ex.experts, kMoeTileRows);
   launch_moe_sort(pair_expert, pairs, ex.experts, kMoeTileRows, moe_sorted_, moe_tiles_, stream_);
+  if (x16 && moe_tiled_gemv_supported(ex)) {  // fast, NVFP4: codes read in place, one fp16 product
+    f16* act16 = reinterpret_cast<f16*>(moe_act_);
+    launch_moe_grouped_nvfp4(x16, x_scale, ex, moe_sorted_, moe_tiles_, max_tiles, top_k, true, act16, nullptr, stream_);
+    launch_moe_grouped_nvfp4(act16, 1.f, ex, moe_sorted_, moe_tiles_, max_tiles, 1, false, nullptr, y, stream_);
+    return;
+  }
   launch_moe_grouped(xn_, ex, moe_sorted_, moe_tiles_, max_tiles, top_k, true, !pass.fast, moe_act_, stream_);
   launch_moe_grouped(moe_act_, ex, moe_sorted_, moe_tiles_, max_tiles, 1, false, !pass.fast, y, stream_);
 }
@@ -260,8 +267,14 @@ void Model::moe_block(const Pass& pass, Residual& res, int layer) {
     launch_moe_top_k(moe_logits_, T, stride, E, K, cfg_.moe_normalize, moe_pair_experts_,
                      moe_pair_weights_, stream_);
   }
-  run_experts(pass, lw.experts, moe_pair_experts_, T * K, K, moe_y_);
-  if (shared) run_experts(pass, lw.shared, nullptr, T, 1, moe_shared_y_);
+  // Prompts, fast precision: the normalized rows once as the fp16 operand of the grouped products.
+  const f16* x16 = nullptr;
+  if (T > kMoeTiledMaxRows && pass.fast && op16_) {
+    launch_convert_to_f16(xn_, op16_, (int64_t)T * H, lw.mlp_norm_scale, stream_);
+    x16 = op16_;
+  }
+  run_experts(pass, lw.experts, moe_pair_experts_, T * K, K, moe_y_, x16, lw.mlp_norm_scale);
+  if (shared) run_experts(pass, lw.shared, nullptr, T, 1, moe_shared_y_, x16, lw.mlp_norm_scale);
   // The fused GEMV path's next norm reads each row's sum of squares (count 1).
   launch_moe_combine(resid_, moe_y_, moe_pair_weights_, T, K, H, shared ? moe_shared_y_ : nullptr,
                      moe_logits_ + E, stride, pass.path == RowPath::GemvFused ? norm_parts_ : nullptr,

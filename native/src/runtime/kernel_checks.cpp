@@ -354,8 +354,8 @@ std::pair<std::vector<int32_t>, std::vector<float>> moe_route(uintptr_t resid, u
 }
 
 std::pair<std::vector<int32_t>, std::vector<float>> moe_block(const MoeCheck& c) {
-  HEARTH_REQUIRE(c.path == "gemv" || c.path == "grouped" || c.path == "tiled",
-                 "moe_block: path is 'gemv', 'grouped' or 'tiled'");
+  HEARTH_REQUIRE(c.path == "gemv" || c.path == "grouped" || c.path == "tiled" || c.path == "grouped_nvfp4",
+                 "moe_block: path is 'gemv', 'grouped', 'tiled' or 'grouped_nvfp4'");
   const int pairs = c.rows * c.top_k, stride = c.experts + (c.shared_inter > 0 ? 1 : 0);
   const int widest = std::max(c.inter * c.top_k, c.shared_inter);
   DeviceBuffer logits((size_t)c.rows * stride * 4 + 4, "moe logits"), experts(pairs * 4 + 4, "moe pairs"),
@@ -369,6 +369,17 @@ std::pair<std::vector<int32_t>, std::vector<float>> moe_block(const MoeCheck& c)
     if (c.path == "gemv") {
       launch_moe_expert_gemv(x, ex, pair_expert, n, top_k, true, act.as<float>(), 0);
       launch_moe_expert_gemv(act.as<float>(), ex, pair_expert, n, 1, false, out, 0);
+    } else if (c.path == "grouped_nvfp4") {  // fast: the rows as fp16 (scale 1), act as fp16
+      DeviceBuffer x16((size_t)c.rows * c.hidden * 2 + 16, "moe x16");
+      launch_convert_to_f16(x, x16.as<f16>(), (int64_t)c.rows * c.hidden, 1.f, 0);
+      const int max_tiles = moe_max_tiles(n, ex.experts, kMoeTileRows);
+      launch_moe_sort(pair_expert, n, ex.experts, kMoeTileRows, sorted.as<int32_t>(), tiles.as<int32_t>(), 0);
+      f16* act16 = reinterpret_cast<f16*>(act.as<float>());
+      launch_moe_grouped_nvfp4(x16.as<f16>(), 1.f, ex, sorted.as<int32_t>(), tiles.as<int32_t>(), max_tiles, top_k,
+                               true, act16, nullptr, 0);
+      launch_moe_grouped_nvfp4(act16, 1.f, ex, sorted.as<int32_t>(), tiles.as<int32_t>(), max_tiles, 1, false,
+                               nullptr, out, 0);
+      sync();
     } else if (c.path == "tiled") {
       const int max_tiles = moe_max_tiles(n, ex.experts, kMoeGemvTileRows);
       launch_moe_sort(pair_expert, n, ex.experts, kMoeGemvTileRows, sorted.as<int32_t>(), tiles.as<int32_t>(), 0);

@@ -123,9 +123,10 @@ class Model {
   // residual stream.
   void moe_block(const Pass& pass, Residual& res, int layer);
   // One expert set's two products for `pairs` (row, expert) pairs into `y` (pair_expert nullptr:
-  // the shared expert, one pair per row).
+  // the shared expert, one pair per row). x16: the normalized rows / x_scale as fp16 (prompts at
+  // the fast precision), for NVFP4 experts' grouped product; else null.
   void run_experts(const Pass& pass, const MoeExperts& ex, const int32_t* pair_expert, int pairs,
-                   int top_k, float* y);
+                   int top_k, float* y, const f16* x16 = nullptr, float x_scale = 1.f);
   // A projection of the normalized residual stream (the norm prologue); rows [row0, row0 + rows).
   // `rope` (qkv): bias, q/k norms and rope + KV write follow; `swiglu` (gate/up): the result is
   // the SwiGLU activation, returned as the next projection's input.
