@@ -216,33 +216,6 @@ void decode_attention_launch(uintptr_t q, uintptr_t k_cache, uintptr_t v_cache,
   launch_decode_attention(p, 0, 32, P<float>(part_ml), P<float>(part_acc), P<int>(counters), 0);
 }
 
-// Seconds per launch of launch_gemv over `copies` weights in turn (more bytes than L2 holds).
-static double gemv_time(uintptr_t x, uintptr_t out, int rows, int n, int k, int copies, int reps,
-                        const std::function<WeightView(int)>& at) {
-  HEARTH_REQUIRE(copies > 0 && reps > 0, "gemv_seconds: copies and reps must be positive");
-  cudaEvent_t start, stop;
-  HEARTH_CUDA(cudaEventCreate(&start));
-  HEARTH_CUDA(cudaEventCreate(&stop));
-  launch_gemv(P<const float>(x), at(0), P<float>(out), rows, n, k, 0);  // warm-up
-  HEARTH_CUDA(cudaEventRecord(start, 0));
-  for (int i = 0; i < reps; ++i) launch_gemv(P<const float>(x), at(i), P<float>(out), rows, n, k, 0);
-  HEARTH_CUDA(cudaEventRecord(stop, 0));
-  HEARTH_CUDA(cudaEventSynchronize(stop));
-  float ms = 0.f;
-  HEARTH_CUDA(cudaEventElapsedTime(&ms, start, stop));
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
-  return ms / 1e3 / reps;
-}
-
-double gemv_seconds(uintptr_t x, uintptr_t w, uintptr_t out, int rows, int n, int k, int copies,
-                    int reps) {
-  const bf16* base = P<const bf16>(w);
-  return gemv_time(x, out, rows, n, k, copies, reps, [&](int i) {
-    return WeightView{base + (size_t)(i % copies) * n * k, WeightFormat::Bf16, 1.f};
-  });
-}
-
 // Seconds per call of `launch(i)` (copy i % copies of the weights), `reps` calls back to back.
 static double seconds_per(int copies, int reps, const std::function<void(int)>& launch) {
   HEARTH_REQUIRE(copies > 0 && reps > 0, "seconds: copies and reps must be positive");
@@ -259,6 +232,15 @@ static double seconds_per(int copies, int reps, const std::function<void(int)>& 
   cudaEventDestroy(start);
   cudaEventDestroy(stop);
   return ms / 1e3 / reps;
+}
+
+double gemv_seconds(uintptr_t x, uintptr_t w, uintptr_t out, int rows, int n, int k, int copies,
+                    int reps) {
+  const bf16* base = P<const bf16>(w);
+  return seconds_per(copies, reps, [&](int i) {
+    launch_gemv(P<const float>(x), WeightView{base + (size_t)i * n * k, WeightFormat::Bf16, 1.f}, P<float>(out), rows,
+                n, k, 0);
+  });
 }
 
 double gemv_nvfp4_seconds(uintptr_t x, uintptr_t codes, uintptr_t block_scales, uintptr_t out, int rows,
