@@ -14,10 +14,14 @@
 // 32t + 31) of each of its two rows and the matching 32 activations of its batch row. The sum over
 // k is order-free, so each mma's 16 k slots take the inputs that one word decodes into (codes j
 // and j + 4 of a word make one bf16 pair), with the activations paired the same way.
-// Values: a code placed into bf16 bits is e2m1 * 2^-126 exactly; times the block scale * 2^119
-// (bf16, exact) it is e2m1 * scale * 2^-7, exact (<= 6 significant bits, far from subnormal); the
-// activation is split into bf16 hi + lo (two products), so the sum carries ~16 bits of the
-// activation: well inside the fast precision's bar (float64 check: ~3e-6 relative).
+// Values, exact precision: a code placed into bf16 bits is e2m1 * 2^-126 exactly; times the block
+// scale * 2^119 (bf16, exact) it is e2m1 * scale * 2^-7, exact (<= 6 significant bits, far from
+// subnormal); the activation is split into bf16 hi + lo (two products), so the sum carries ~16 bits
+// of the activation (float64 check: ~3e-6 relative). Fast precision (GemvParams::fast): one fp16
+// product, the code as fp16 e2m1 * 2^-14 times the block scale (exact down to fp16's smallest
+// subnormal), the activation divided by a power of two that keeps it in fp16's range (after the
+// norm: the load-time bound; else the row's max |x|, from its producer's per-block partials, which
+// the SwiGLU epilogue leaves), as the fast cuBLASLt product takes them.
 // The 8 warps of a block split the steps (warp w takes steps w, w + 8, ...) and add their partial
 // sums in warp order: a row's result depends on (n, k) alone, not on the batch or on FT, so batched
 // decoding equals unbatched decoding.
