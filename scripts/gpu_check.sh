@@ -102,7 +102,7 @@ if [[ ($STEP == all || $STEP == bench) && -n ${HEARTH_SERVE_MODELS:-} ]]; then
   for shape in $HEARTH_SERVE_MODELS; do
     dir=$MODELS/$shape-tok
     if [[ ! -f $dir/config.json && -f $MODELS/$shape/config.json ]]; then
-      mkdir -p "$dir" && ln -sf "$MODELS/$shape"/*.safetensors* "$dir"/ &&
+      mkdir -p "$dir" && ln -sf "$MODELS/$shape"/*.safetensors "$dir"/ &&
         cp "$MODELS/$shape"/*.json "$dir"/ &&
         python3 -c "import sys, pathlib; from engine.tools.synth import write_byte_tokenizer as w; w(pathlib.Path(sys.argv[1]))" \
           "$dir" >>"$OUT/synth.log" 2>&1 || rm -rf "$dir"
