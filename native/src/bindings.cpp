@@ -265,7 +265,7 @@ void bind_runtime(py::module_& m) {
         py::arg("inter"), py::arg("out16") = 0, py::arg("row_scale") = 0);
   k.def("gemv_swiglu", &c::gemv_swiglu, release());
   k.def("gemv_nvfp4", &c::gemv_nvfp4, release(), py::arg("x"), py::arg("codes"), py::arg("block_scales"),
-        py::arg("global_scale"), py::arg("out"), py::arg("rows"), py::arg("n"), py::arg("k"), py::arg("tiles") = 0,
+        py::arg("global_scale"), py::arg("out"), py::arg("rows"), py::arg("n"), py::arg("k"),
         py::arg("fast") = false, py::arg("x_scale") = 1.f, py::arg("x_amax") = 0, py::arg("x_amax_count") = 0);
   k.def("gemm_nvfp4", &c::gemm_nvfp4, release(), py::arg("x16"), py::arg("x_scale"), py::arg("codes"),
         py::arg("block_scales"), py::arg("global_scale"), py::arg("out"), py::arg("rows"), py::arg("n"), py::arg("k"));
@@ -290,7 +290,7 @@ void bind_runtime(py::module_& m) {
   k.def("gemv_seconds", &c::gemv_seconds, release());
   k.def("gemv_nvfp4_seconds", &c::gemv_nvfp4_seconds, release(), py::arg("x"), py::arg("codes"),
         py::arg("block_scales"), py::arg("out"), py::arg("rows"), py::arg("n"), py::arg("k"), py::arg("copies"),
-        py::arg("reps"), py::arg("tiles") = 0, py::arg("fast") = false);
+        py::arg("reps"), py::arg("fast") = false);
   k.def("moe_block", [](const py::dict& d) {
     auto pointers = [](const py::dict& e) {
       c::MoeExpertPointers p;

@@ -18,7 +18,9 @@ pytestmark = pytest.mark.cuda
 
 MOE_SHAPES = ["tiny-qwen3-moe", "tiny-qwen2-moe", "tiny-mixtral", "tiny-olmoe"]
 # The engine's head sizes start at 32: the tiny shapes whose 64 / 4 heads give 16 run twice as wide.
-GPU_OVERRIDES = {"tiny-qwen3-moe": {}, "tiny-qwen2-moe": {"hidden_size": 128}, "tiny-mixtral": {"hidden_size": 128},
+# tiny-qwen3-moe at 320 wide: the combine's sums of squares in two partials a row (256 outputs a block).
+GPU_OVERRIDES = {"tiny-qwen3-moe": {"hidden_size": 320}, "tiny-qwen2-moe": {"hidden_size": 128},
+                 "tiny-mixtral": {"hidden_size": 128},
                  "tiny-olmoe": {"hidden_size": 128}}
 
 
@@ -136,13 +138,15 @@ def test_moe_block_matches_float64(path, rows, nvfp4, split, shared, normalize, 
     assert np.isfinite(got).all() and err <= bar
 
 
-@pytest.mark.parametrize("rows,shared", [(1, False), (4, True)])
-def test_moe_route_fuses_norm_router_and_top_k(rows, shared):
+@pytest.mark.parametrize("rows,shared,hidden,experts", [(1, False, 2048, 128), (4, True, 2048, 128),
+                                                         (3, True, 4160, 300)])
+def test_moe_route_fuses_norm_router_and_top_k(rows, shared, hidden, experts):
     """The decode route (one kernel): RMSNorm from the residual's sums of squares (two partials per
     row), router logits, softmax and top-k, against float64 on fresh inputs; the normalized rows it
-    leaves for the experts too. Launched twice: its counters were left zero."""
+    leaves for the experts too. Launched twice: its counters were left zero. Hidden 4160 runs past
+    the router chunks a lane loads before its wait, 300 experts past the logits a lane keeps."""
     rng = np.random.default_rng(rows + 40)
-    hidden, experts, top_k = 2048, 128, 8
+    top_k = 8
     router_rows = experts + (1 if shared else 0)
     resid = (rng.standard_normal((rows, hidden)) * 3).astype(np.float32)
     norm_w = torch.from_numpy((1 + 0.1 * rng.standard_normal(hidden)).astype(np.float32)).to(torch.bfloat16).cuda()

@@ -43,11 +43,10 @@ constexpr int kWarps = 8;
 constexpr int kThreads = kWarps * 32;
 using nvfp4_mma::kStepInputs;
 
-// Steps in flight per warp: 4 with one tile per warp (the 1-4 row kernels: 40 KB of ring per
-// block), 2 with 2 or 4 (their lanes already copy 2-4 chunks per step).
-__host__ __device__ constexpr int ring_depth(int tiles) { return tiles == 1 ? 4 : 2; }
+// Steps in flight per warp: 2 (a lane already copies 2-4 chunks per step).
+constexpr int kRingDepth = 2;
 template <int FT>
-using Stream = nvfp4_mma::WeightStream<FT, ring_depth(FT)>;
+using Stream = nvfp4_mma::WeightStream<FT, kRingDepth>;
 template <int FT>
 constexpr int ring_bytes() { return kWarps * Stream<FT>::kWarpBytes; }
 
@@ -72,7 +71,7 @@ __global__ void __launch_bounds__(kThreads) gemv_nvfp4_kernel(GemvParams prm, co
   constexpr bool SWIGLU = MODE & kModeSwiglu, NORM = MODE & kModeNorm, RESID = MODE & kModeResidual;
   constexpr bool ROPE = MODE & kModeRope;
   constexpr int kFeatures = 16 * FT;  // mma rows per block
-  constexpr int D = ring_depth(FT);
+  constexpr int D = kRingDepth;
   extern __shared__ __align__(16) unsigned char ring[];
   const int n = prm.n, k = prm.k;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -248,9 +247,12 @@ __global__ void __launch_bounds__(kThreads) gemv_nvfp4_kernel(GemvParams prm, co
   }
 }
 
-// Tiles per warp: one up to 4 rows; beyond, the activations' conversion (done once per warp) is
-// shared by 2 or 4 tiles (H200, 8 rows: gate_up 89 -> 40 us with 4, qkv 19.5 -> 16.3).
-int tiles_per_warp(int rows, int n) { return rows <= 4 ? 1 : n >= 16384 ? 4 : 2; }
+// Tiles per warp (16 weight rows each): 2, or 4 where a wide weight meets several rows, so the
+// activations' conversion (once per warp) is shared by more rows. Measured over 1, 2 and 4 on the
+// 8B's projections (docs/BENCHMARKS.md, H200 and H100): 2 win or tie from one row everywhere but o
+// at 1-2 rows (1 tile, 5 % faster, dropped for one kernel less); 4 win for gate_up (28672) at 4-8
+// rows and qkv (6144) at 8 (one tile per warp up to 4 rows lost up to 42 %).
+int tiles_per_warp(int rows, int n) { return (n >= 16384 && rows >= 4) || (n >= 6144 && rows >= 8) ? 4 : 2; }
 
 template <int FT, int MODE, bool FAST>
 void launch_precision(const GemvParams& prm, const uint8_t* scales, int rows, cudaStream_t stream) {
@@ -292,17 +294,12 @@ int gemv_nvfp4_blocks(int rows, int n) {
 }
 
 void launch_gemv_nvfp4(const GemvParams& prm, const uint8_t* block_scales, int rows, int mode,
-                       cudaStream_t stream, int tiles) {
+                       cudaStream_t stream) {
   HEARTH_REQUIRE(block_scales, "gemv: an NVFP4 weight needs its block scales");
   HEARTH_REQUIRE(rows >= 1 && rows <= kGemvMaxRows && prm.k % 32 == 0, "gemv: bad NVFP4 shape");
   HEARTH_REQUIRE(!(mode & kModeRope) || rows <= kGemvRopeMaxRows, "gemv: rope fusion takes <= 4 rows");
-  HEARTH_REQUIRE(tiles == 0 || (mode == 0 && (tiles == 1 || tiles == 2 || tiles == 4)),
-                 "gemv: tiles per warp are 1, 2 or 4 (plain products only)");
-  switch (tiles ? tiles : tiles_per_warp(rows, prm.n)) {
-    case 1: launch_tiles<1>(prm, block_scales, rows, mode, stream); break;
-    case 2: launch_tiles<2>(prm, block_scales, rows, mode, stream); break;
-    default: launch_tiles<4>(prm, block_scales, rows, mode, stream); break;
-  }
+  if (tiles_per_warp(rows, prm.n) == 4) launch_tiles<4>(prm, block_scales, rows, mode, stream);
+  else launch_tiles<2>(prm, block_scales, rows, mode, stream);
   HEARTH_CHECK_LAUNCH("gemv_nvfp4_kernel");
 }
 

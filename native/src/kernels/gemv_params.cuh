@@ -39,9 +39,8 @@ struct GemvParams {
 };
 
 // gemv_nvfp4.cu: the NVFP4 GEMV of one launch (any mode above), its blocks and its pairing rule.
-// tiles: 16-row tiles per warp, 0 for the rule (tiles_per_warp); kernel tests pass 1, 2 or 4.
 void launch_gemv_nvfp4(const GemvParams& prm, const uint8_t* block_scales, int rows, int mode,
-                       cudaStream_t stream, int tiles = 0);
+                       cudaStream_t stream);
 int gemv_nvfp4_blocks(int rows, int n);
 
 }  // namespace hearth

@@ -301,8 +301,9 @@ void launch_moe_grouped_nvfp4(const f16* x16, float x_scale, const MoeExperts& e
                               const int32_t* tiles, int max_tiles, int top_k, bool gate_up, f16* act16, float* y,
                               cudaStream_t stream);
 // resid[t] += sum_j pair_weight[t, j] * y[t * top_k + j] (+ sigmoid(shared_logit[t * stride]) *
-// shared_y[t] where shared_y is given); with sum_squares, each new row's sum of squares (the
-// partials a GemvNorm reads, count 1).
+// shared_y[t] where shared_y is given); with sum_squares, each new row's sums of squares in
+// moe_combine_blocks(hidden) partials (what a GemvNorm reads).
+int moe_combine_blocks(int hidden);
 void launch_moe_combine(float* resid, const float* y, const float* pair_weight, int rows,
                         int top_k, int hidden, const float* shared_y, const float* shared_logit,
                         int logit_stride, float* sum_squares, cudaStream_t stream);

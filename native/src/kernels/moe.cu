@@ -107,39 +107,80 @@ __device__ __forceinline__ bool ranks_before(float v, int e, float ov, int oe) {
   return v > ov || (v == ov && e < oe);
 }
 
+// A float's bits as an unsigned integer in the float's order (-0 taken as +0 first), so that one
+// __reduce_max_sync finds a warp's largest value.
+__device__ __forceinline__ unsigned order_key(float v) {
+  const unsigned b = __float_as_uint(v + 0.f);
+  return b & 0x80000000u ? ~b : b | 0x80000000u;
+}
+__device__ __forceinline__ float key_value(unsigned key) {
+  return __uint_as_float(key & 0x80000000u ? key & 0x7FFFFFFFu : ~key);
+}
+
+// Logits a lane keeps in registers for its picks: routers of up to 256 experts.
+constexpr int kTopKPerLane = 8;
+
 // Softmax over row l's first `experts` logits in fp32 and its top_k picks, by one warp (every lane
-// calls it); lane j < top_k writes pick j. Logits are read through L2 (__ldcg): the fused route
-// kernel reads what other blocks just wrote.
+// calls it); lane j < top_k writes pick j. Logits are read once, through L2 (__ldcg: the fused
+// route kernel reads what other blocks just wrote), into registers; each pick is the best (value,
+// expert) ranked after the one before (no set of taken experts), a lane's best among its own
+// logits, then the warp's by two reductions (the largest value, then the lowest expert holding it).
+// The first version re-read the logits from L2 and shuffled five times per pick: ~7 us a row.
+// More experts than 32 x kTopKPerLane (no model we run) re-read them per pick.
 __device__ __forceinline__ void top_k_row(const float* l, int experts, int top_k, int normalize, int lane,
                                           int32_t* pair_expert, float* pair_weight) {
+  const bool cached = experts <= 32 * kTopKPerLane;
+  float v[kTopKPerLane];
+#pragma unroll
+  for (int j = 0; j < kTopKPerLane; ++j) {
+    const int e = lane + 32 * j;
+    v[j] = cached && e < experts ? __ldcg(l + e) : -INFINITY;
+  }
   float m = -INFINITY;
-  for (int e = lane; e < experts; e += 32) m = fmaxf(m, __ldcg(l + e));
+  if (cached) {
+#pragma unroll
+    for (int j = 0; j < kTopKPerLane; ++j)
+      if (lane + 32 * j < experts) m = fmaxf(m, v[j]);
+  } else {
+    for (int e = lane; e < experts; e += 32) m = fmaxf(m, __ldcg(l + e));
+  }
   m = warp_max(m);
   float s = 0.f;
-  for (int e = lane; e < experts; e += 32) s += expf(__ldcg(l + e) - m);
+  if (cached) {
+#pragma unroll
+    for (int j = 0; j < kTopKPerLane; ++j)
+      if (lane + 32 * j < experts) s += expf(v[j] - m);
+  } else {
+    for (int e = lane; e < experts; e += 32) s += expf(__ldcg(l + e) - m);
+  }
   s = warp_sum(s);
-  // The j-th pick is the best (value, expert) ranked after the (j-1)-th: no set of taken experts.
   float prev_v = INFINITY, total = 0.f;
   int prev_e = -1;
   float my_weight = 0.f;
   int my_expert = 0;
-  for (int j = 0; j < top_k; ++j) {
+  for (int pick = 0; pick < top_k; ++pick) {
     float bv = -INFINITY;
     int be = INT_MAX;
-    for (int e = lane; e < experts; e += 32) {
-      const float v = __ldcg(l + e);
-      if (ranks_before(prev_v, prev_e, v, e) && ranks_before(v, e, bv, be)) bv = v, be = e;
-    }
+    if (cached) {
 #pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-      const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-      const int oe = __shfl_xor_sync(0xffffffffu, be, o);
-      if (ranks_before(ov, oe, bv, be)) bv = ov, be = oe;
+      for (int j = 0; j < kTopKPerLane; ++j) {
+        const int e = lane + 32 * j;
+        if (e < experts && ranks_before(prev_v, prev_e, v[j], e) && ranks_before(v[j], e, bv, be)) bv = v[j], be = e;
+      }
+    } else {
+      for (int e = lane; e < experts; e += 32) {
+        const float x = __ldcg(l + e);
+        if (ranks_before(prev_v, prev_e, x, e) && ranks_before(x, e, bv, be)) bv = x, be = e;
+      }
     }
+    // NaN never ranks before anything: a lane's best is a number or (-inf, none).
+    const unsigned best = __reduce_max_sync(0xffffffffu, order_key(bv));
+    be = (int)__reduce_min_sync(0xffffffffu, order_key(bv) == best ? (unsigned)be : (unsigned)INT_MAX);
+    bv = key_value(best);
     if (be == INT_MAX) be = 0;  // NaN logits: route somewhere valid rather than read out of bounds
     const float p = expf(bv - m) / s;
     total += p;
-    if (lane == j) my_weight = p, my_expert = be;
+    if (lane == pick) my_weight = p, my_expert = be;
     prev_v = bv, prev_e = be;
   }
   if (lane < top_k) {
@@ -163,14 +204,41 @@ __global__ void moe_top_k_kernel(const float* __restrict__ logits, int rows, int
 // of squares in norm partials (the fused GEMV path): RMSNorm, router logits, softmax and top-k in
 // one kernel. Block (b, t): 8 warps, router rows 8b .. 8b + 7 of row t (1 / rms from the partials,
 // the norm weight applied on the fly); block 0 also writes the normalized row for the experts; the
-// row's last block to finish (a counter, left zero) picks its experts.
+// row's last block to finish (a counter, left zero) picks its experts. The router's and the norm's
+// weights never change: a lane loads its first kRouteChunks chunks of both before pdl_wait(), while
+// the kernel before still runs (all of them for hidden <= 2048).
 constexpr int kRouteWarps = 8;
+constexpr int kRouteChunks = 8;  // 8 bf16 each, per lane
+
+__device__ __forceinline__ float route_dot8(const uint4& wr, const uint4& nr, const float4* xr, int c) {
+  const __nv_bfloat162* wp = reinterpret_cast<const __nv_bfloat162*>(&wr);
+  const __nv_bfloat162* np = reinterpret_cast<const __nv_bfloat162*>(&nr);
+  const float4 a = xr[2 * c], b = xr[2 * c + 1];
+  const float xs[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+  float acc = 0.f;
+#pragma unroll
+  for (int q = 0; q < 4; ++q) {
+    const float2 wf = __bfloat1622float2(wp[q]), nf = __bfloat1622float2(np[q]);
+    acc += xs[2 * q] * nf.x * wf.x + xs[2 * q + 1] * nf.y * wf.y;
+  }
+  return acc;
+}
 
 __global__ void __launch_bounds__(kRouteWarps * 32) moe_route_kernel(MoeRoute r) {
+  const int t = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int H = r.hidden, chunks = H / 8;
+  const int e = blockIdx.x * kRouteWarps + warp;
+  const uint4* w = reinterpret_cast<const uint4*>(r.router + (size_t)min(e, r.router_rows - 1) * H);
+  const uint4* nw = reinterpret_cast<const uint4*>(r.norm_weight);
+  uint4 wr[kRouteChunks], nr[kRouteChunks];
+#pragma unroll
+  for (int j = 0; j < kRouteChunks; ++j) {
+    const int c = lane + 32 * j;
+    if (c < chunks) wr[j] = __ldg(w + c), nr[j] = __ldg(nw + c);
+    else wr[j] = nr[j] = make_uint4(0u, 0u, 0u, 0u);
+  }
   pdl_wait();
   pdl_launch_dependents();
-  const int t = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int H = r.hidden;
   const float* x = r.resid + (size_t)t * H;
   __shared__ float inv_rms;
   __shared__ int last;
@@ -184,24 +252,13 @@ __global__ void __launch_bounds__(kRouteWarps * 32) moe_route_kernel(MoeRoute r)
   const float inv = inv_rms;
   if (blockIdx.x == 0)
     for (int i = threadIdx.x; i < H; i += blockDim.x) r.xn[(size_t)t * H + i] = x[i] * inv * __bfloat162float(r.norm_weight[i]);
-  const int e = blockIdx.x * kRouteWarps + warp;
   if (e < r.router_rows) {
-    const uint4* w = reinterpret_cast<const uint4*>(r.router + (size_t)e * H);
-    const uint4* nw = reinterpret_cast<const uint4*>(r.norm_weight);
     const float4* xr = reinterpret_cast<const float4*>(x);
-    float acc = 0.f;
-    for (int c = lane; c < H / 8; c += 32) {
-      const uint4 wr = __ldg(w + c), nr = __ldg(nw + c);
-      const __nv_bfloat162* wp = reinterpret_cast<const __nv_bfloat162*>(&wr);
-      const __nv_bfloat162* np = reinterpret_cast<const __nv_bfloat162*>(&nr);
-      const float4 a = xr[2 * c], b = xr[2 * c + 1];
-      const float xs[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+    float acc = 0.f;  // chunks in the order lane, lane + 32, ...: the sums of the first version
 #pragma unroll
-      for (int q = 0; q < 4; ++q) {
-        const float2 wf = __bfloat1622float2(wp[q]), nf = __bfloat1622float2(np[q]);
-        acc += xs[2 * q] * nf.x * wf.x + xs[2 * q + 1] * nf.y * wf.y;
-      }
-    }
+    for (int j = 0; j < kRouteChunks; ++j)
+      if (lane + 32 * j < chunks) acc += route_dot8(wr[j], nr[j], xr, lane + 32 * j);
+    for (int c = lane + 32 * kRouteChunks; c < chunks; c += 32) acc += route_dot8(__ldg(w + c), __ldg(nw + c), xr, c);
     acc = warp_sum(acc);
     if (lane == 0) r.logits[(size_t)t * r.stride + e] = acc * inv;
   }
@@ -666,30 +723,33 @@ __global__ void __launch_bounds__(kGroupedWarps * 32) moe_grouped_nvfp4_kernel(c
     }
 }
 
-__global__ void moe_combine_kernel(float* __restrict__ resid, const float* __restrict__ y,
-                                   const float* __restrict__ pair_weight, int top_k, int hidden,
-                                   const float* __restrict__ shared_y,
-                                   const float* __restrict__ shared_logit, int logit_stride,
-                                   float* __restrict__ sum_squares) {
+// Block (b, t): outputs kCombineThreads * b .. of row t, one per thread, and the block's partial sum
+// of squares. The first version took a row per block: at batch 1 one SM walked the row (~10 us).
+constexpr int kCombineThreads = 256;
+
+__global__ void __launch_bounds__(kCombineThreads) moe_combine_kernel(
+    float* __restrict__ resid, const float* __restrict__ y, const float* __restrict__ pair_weight, int top_k,
+    int hidden, const float* __restrict__ shared_y, const float* __restrict__ shared_logit, int logit_stride,
+    float* __restrict__ sum_squares) {
   pdl_wait();
   pdl_launch_dependents();
   __shared__ float scratch[32];
-  const int t = blockIdx.x;
-  const float gate = shared_y ? 1.f / (1.f + expf(-shared_logit[(size_t)t * logit_stride])) : 0.f;
-  float* row = resid + (size_t)t * hidden;
+  const int t = blockIdx.y, n = blockIdx.x * kCombineThreads + threadIdx.x;
   float sq = 0.f;
-  for (int n = threadIdx.x; n < hidden; n += blockDim.x) {
+  if (n < hidden) {
     float v = 0.f;
+#pragma unroll 8
     for (int j = 0; j < top_k; ++j)
       v += pair_weight[(size_t)t * top_k + j] * y[((size_t)t * top_k + j) * hidden + n];
-    if (shared_y) v += gate * shared_y[(size_t)t * hidden + n];
+    if (shared_y) v += 1.f / (1.f + expf(-shared_logit[(size_t)t * logit_stride])) * shared_y[(size_t)t * hidden + n];
+    float* row = resid + (size_t)t * hidden;
     const float r = row[n] + v;
     row[n] = r;
-    sq += r * r;
+    sq = r * r;
   }
   if (sum_squares) {
     sq = block_sum(sq, scratch);
-    if (threadIdx.x == 0) sum_squares[t] = sq;
+    if (threadIdx.x == 0) sum_squares[(size_t)t * gridDim.x + blockIdx.x] = sq;
   }
 }
 
@@ -852,12 +912,14 @@ void launch_moe_grouped_nvfp4(const f16* x16, float x_scale, const MoeExperts& e
   HEARTH_CHECK_LAUNCH("moe_grouped_nvfp4_kernel");
 }
 
+int moe_combine_blocks(int hidden) { return (hidden + kCombineThreads - 1) / kCombineThreads; }
+
 void launch_moe_combine(float* resid, const float* y, const float* pair_weight, int rows,
                         int top_k, int hidden, const float* shared_y, const float* shared_logit,
                         int logit_stride, float* sum_squares, cudaStream_t stream) {
   if (rows == 0) return;
-  launch_pdl(moe_combine_kernel, rows, 256, 0, stream, resid, y, pair_weight, top_k, hidden, shared_y, shared_logit,
-             logit_stride, sum_squares);
+  launch_pdl(moe_combine_kernel, dim3(moe_combine_blocks(hidden), rows), kCombineThreads, 0, stream, resid, y,
+             pair_weight, top_k, hidden, shared_y, shared_logit, logit_stride, sum_squares);
   HEARTH_CHECK_LAUNCH("moe_combine_kernel");
 }
 

@@ -275,11 +275,11 @@ void Model::moe_block(const Pass& pass, Residual& res, int layer) {
   }
   run_experts(pass, lw.experts, moe_pair_experts_, T * K, K, moe_y_, x16, lw.mlp_norm_scale);
   if (shared) run_experts(pass, lw.shared, nullptr, T, 1, moe_shared_y_, x16, lw.mlp_norm_scale);
-  // The fused GEMV path's next norm reads each row's sum of squares (count 1).
+  // The fused GEMV path's next norm reads each row's sums of squares (moe_combine_blocks partials).
   launch_moe_combine(resid_, moe_y_, moe_pair_weights_, T, K, H, shared ? moe_shared_y_ : nullptr,
                      moe_logits_ + E, stride, pass.path == RowPath::GemvFused ? norm_parts_ : nullptr,
                      stream_);
-  res.norm_count = 1;
+  res.norm_count = moe_combine_blocks(H);
 }
 
 void Model::run_layers(int T, int table_stride, bool decode_mode, int logit_first, int logit_count) {

@@ -127,14 +127,14 @@ static GemvParams nvfp4_params(uintptr_t x, uintptr_t codes, float global_scale,
 }
 
 void gemv_nvfp4(uintptr_t x, uintptr_t codes, uintptr_t block_scales, float global_scale,
-                uintptr_t out, int rows, int n, int k, int tiles, bool fast, float x_scale, uintptr_t x_amax,
+                uintptr_t out, int rows, int n, int k, bool fast, float x_scale, uintptr_t x_amax,
                 int x_amax_count) {
   GemvParams prm = nvfp4_params(x, codes, global_scale, out, n, k);
   prm.fast = fast;
   prm.x_scale = x_scale;
   prm.x_amax = P<const float>(x_amax);
   prm.x_amax_count = x_amax_count;
-  launch_gemv_nvfp4(prm, P<const uint8_t>(block_scales), rows, 0, 0, tiles);
+  launch_gemv_nvfp4(prm, P<const uint8_t>(block_scales), rows, 0, 0);
   sync();
 }
 
@@ -244,13 +244,13 @@ double gemv_seconds(uintptr_t x, uintptr_t w, uintptr_t out, int rows, int n, in
 }
 
 double gemv_nvfp4_seconds(uintptr_t x, uintptr_t codes, uintptr_t block_scales, uintptr_t out, int rows,
-                          int n, int k, int copies, int reps, int tiles, bool fast) {
+                          int n, int k, int copies, int reps, bool fast) {
   const uint8_t* c = P<const uint8_t>(codes);
   const uint8_t* s = P<const uint8_t>(block_scales);
   return seconds_per(copies, reps, [&](int i) {
     GemvParams prm = nvfp4_params(x, reinterpret_cast<uintptr_t>(c + (size_t)i * n * (k / 2)), 1.f, out, n, k);
     prm.fast = fast;
-    launch_gemv_nvfp4(prm, s + (size_t)i * n * (k / 16), rows, 0, 0, tiles);
+    launch_gemv_nvfp4(prm, s + (size_t)i * n * (k / 16), rows, 0, 0);
   });
 }
 

@@ -46,7 +46,7 @@ void decode_attention_launch(uintptr_t q, uintptr_t k_cache, uintptr_t v_cache,
 // fast: one fp16 product, the activations divided by x_scale or by their rows' scales from x_amax
 // partials [rows, x_amax_count] (x_amax != 0); else the exact bf16 hi + lo products.
 void gemv_nvfp4(uintptr_t x, uintptr_t codes, uintptr_t block_scales, float global_scale,
-                uintptr_t out, int rows, int n, int k, int tiles, bool fast, float x_scale, uintptr_t x_amax,
+                uintptr_t out, int rows, int n, int k, bool fast, float x_scale, uintptr_t x_amax,
                 int x_amax_count);
 // The small-batch NVFP4 product (fast precision): out = (x16 @ w^T) * x_scale * global_scale.
 void gemm_nvfp4(uintptr_t x16, float x_scale, uintptr_t codes, uintptr_t block_scales, float global_scale,
@@ -71,9 +71,8 @@ void bf16_to_f16_inplace(uintptr_t data, int64_t count, float scale);
 // `copies` weight matrices laid end to end at w so the weights come from HBM, not L2.
 double gemv_seconds(uintptr_t x, uintptr_t w, uintptr_t out, int rows, int n, int k, int copies,
                     int reps);
-// tiles: 16-row tiles per warp (1, 2 or 4; 0: the launcher's rule).
 double gemv_nvfp4_seconds(uintptr_t x, uintptr_t codes, uintptr_t block_scales, uintptr_t out, int rows,
-                          int n, int k, int copies, int reps, int tiles, bool fast);
+                          int n, int k, int copies, int reps, bool fast);
 void convert_to_bf16(uintptr_t src, int src_dtype, uintptr_t dst, int64_t count);
 // The mixture-of-experts block as Model::moe_block runs it, on rows x [rows, hidden] that are
 // already normalized: router (its rows, then the shared expert's gate row where shared_inter > 0),
