@@ -120,39 +120,37 @@ __device__ __forceinline__ float key_value(unsigned key) {
 // Logits a lane keeps in registers for its picks: routers of up to 256 experts.
 constexpr int kTopKPerLane = 8;
 
+// Calls f(value, expert) for each of this lane's logits (experts lane, lane + 32, ...): the first
+// kTopKPerLane from registers, any further ones read again through L2 (a router wider than 256).
+template <typename F>
+__device__ __forceinline__ void for_lane_logits(const float (&v)[kTopKPerLane], const float* l, int experts, int lane,
+                                                F&& f) {
+#pragma unroll
+  for (int j = 0; j < kTopKPerLane; ++j)
+    if (lane + 32 * j < experts) f(v[j], lane + 32 * j);
+  for (int e = lane + 32 * kTopKPerLane; e < experts; e += 32) f(__ldcg(l + e), e);
+}
+
 // Softmax over row l's first `experts` logits in fp32 and its top_k picks, by one warp (every lane
 // calls it); lane j < top_k writes pick j. Logits are read once, through L2 (__ldcg: the fused
 // route kernel reads what other blocks just wrote), into registers; each pick is the best (value,
 // expert) ranked after the one before (no set of taken experts), a lane's best among its own
 // logits, then the warp's by two reductions (the largest value, then the lowest expert holding it).
 // The first version re-read the logits from L2 and shuffled five times per pick: ~7 us a row.
-// More experts than 32 x kTopKPerLane (no model we run) re-read them per pick.
+// More experts than 32 x kTopKPerLane (no model we run) re-read the rest per pick.
 __device__ __forceinline__ void top_k_row(const float* l, int experts, int top_k, int normalize, int lane,
                                           int32_t* pair_expert, float* pair_weight) {
-  const bool cached = experts <= 32 * kTopKPerLane;
   float v[kTopKPerLane];
 #pragma unroll
   for (int j = 0; j < kTopKPerLane; ++j) {
     const int e = lane + 32 * j;
-    v[j] = cached && e < experts ? __ldcg(l + e) : -INFINITY;
+    v[j] = e < experts ? __ldcg(l + e) : -INFINITY;
   }
   float m = -INFINITY;
-  if (cached) {
-#pragma unroll
-    for (int j = 0; j < kTopKPerLane; ++j)
-      if (lane + 32 * j < experts) m = fmaxf(m, v[j]);
-  } else {
-    for (int e = lane; e < experts; e += 32) m = fmaxf(m, __ldcg(l + e));
-  }
+  for_lane_logits(v, l, experts, lane, [&](float x, int) { m = fmaxf(m, x); });
   m = warp_max(m);
   float s = 0.f;
-  if (cached) {
-#pragma unroll
-    for (int j = 0; j < kTopKPerLane; ++j)
-      if (lane + 32 * j < experts) s += expf(v[j] - m);
-  } else {
-    for (int e = lane; e < experts; e += 32) s += expf(__ldcg(l + e) - m);
-  }
+  for_lane_logits(v, l, experts, lane, [&](float x, int) { s += expf(x - m); });
   s = warp_sum(s);
   float prev_v = INFINITY, total = 0.f;
   int prev_e = -1;
@@ -161,18 +159,9 @@ __device__ __forceinline__ void top_k_row(const float* l, int experts, int top_k
   for (int pick = 0; pick < top_k; ++pick) {
     float bv = -INFINITY;
     int be = INT_MAX;
-    if (cached) {
-#pragma unroll
-      for (int j = 0; j < kTopKPerLane; ++j) {
-        const int e = lane + 32 * j;
-        if (e < experts && ranks_before(prev_v, prev_e, v[j], e) && ranks_before(v[j], e, bv, be)) bv = v[j], be = e;
-      }
-    } else {
-      for (int e = lane; e < experts; e += 32) {
-        const float x = __ldcg(l + e);
-        if (ranks_before(prev_v, prev_e, x, e) && ranks_before(x, e, bv, be)) bv = x, be = e;
-      }
-    }
+    for_lane_logits(v, l, experts, lane, [&](float x, int e) {
+      if (ranks_before(prev_v, prev_e, x, e) && ranks_before(x, e, bv, be)) bv = x, be = e;
+    });
     // NaN never ranks before anything: a lane's best is a number or (-inf, none).
     const unsigned best = __reduce_max_sync(0xffffffffu, order_key(bv));
     be = (int)__reduce_min_sync(0xffffffffu, order_key(bv) == best ? (unsigned)be : (unsigned)INT_MAX);
@@ -203,7 +192,7 @@ __global__ void moe_top_k_kernel(const float* __restrict__ logits, int rows, int
 // Decode rows whose residual stream already holds the attention block's output and leaves its sums
 // of squares in norm partials (the fused GEMV path): RMSNorm, router logits, softmax and top-k in
 // one kernel. Block (b, t): 8 warps, router rows 8b .. 8b + 7 of row t (1 / rms from the partials,
-// the norm weight applied on the fly); block 0 also writes the normalized row for the experts; the
+// the norm weight applied on the fly); the blocks also write the normalized row for the experts; the
 // row's last block to finish (a counter, left zero) picks its experts. The router's and the norm's
 // weights never change: a lane loads its first kRouteChunks chunks of both before pdl_wait(), while
 // the kernel before still runs (all of them for hidden <= 2048).
@@ -240,28 +229,37 @@ __global__ void __launch_bounds__(kRouteWarps * 32) moe_route_kernel(MoeRoute r)
   pdl_wait();
   pdl_launch_dependents();
   const float* x = r.resid + (size_t)t * H;
-  __shared__ float inv_rms;
-  __shared__ int last;
+  const float* parts = r.norm_partials + (size_t)t * r.norm_count;
+  // Warp 0's first norm partials and every warp's activations are requested together (one L2
+  // round trip, not two); 1 / rms multiplies the finished dot.
+  float p0 = 0.f, p1 = 0.f;
   if (warp == 0) {
-    float sq = 0.f;
-    for (int i = lane; i < r.norm_count; i += 32) sq += r.norm_partials[(size_t)t * r.norm_count + i];
-    sq = warp_sum(sq);
-    if (lane == 0) inv_rms = rsqrtf(sq / (float)H + r.eps);
+    if (lane < r.norm_count) p0 = parts[lane];
+    if (lane + 32 < r.norm_count) p1 = parts[lane + 32];
   }
-  __syncthreads();
-  const float inv = inv_rms;
-  if (blockIdx.x == 0)
-    for (int i = threadIdx.x; i < H; i += blockDim.x) r.xn[(size_t)t * H + i] = x[i] * inv * __bfloat162float(r.norm_weight[i]);
+  float acc = 0.f;  // chunks in the order lane, lane + 32, ...: the sums of the first version
   if (e < r.router_rows) {
     const float4* xr = reinterpret_cast<const float4*>(x);
-    float acc = 0.f;  // chunks in the order lane, lane + 32, ...: the sums of the first version
 #pragma unroll
     for (int j = 0; j < kRouteChunks; ++j)
       if (lane + 32 * j < chunks) acc += route_dot8(wr[j], nr[j], xr, lane + 32 * j);
     for (int c = lane + 32 * kRouteChunks; c < chunks; c += 32) acc += route_dot8(__ldg(w + c), __ldg(nw + c), xr, c);
     acc = warp_sum(acc);
-    if (lane == 0) r.logits[(size_t)t * r.stride + e] = acc * inv;
   }
+  __shared__ float inv_rms;
+  __shared__ int last;
+  if (warp == 0) {
+    float sq = p0 + p1;
+    for (int i = lane + 64; i < r.norm_count; i += 32) sq += parts[i];
+    sq = warp_sum(sq);
+    if (lane == 0) inv_rms = rsqrtf(sq / (float)H + r.eps);
+  }
+  __syncthreads();
+  const float inv = inv_rms;
+  if (e < r.router_rows && lane == 0) r.logits[(size_t)t * r.stride + e] = acc * inv;
+  // The blocks also write the normalized row for the experts, each its share.
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < H; i += gridDim.x * blockDim.x)
+    r.xn[(size_t)t * H + i] = x[i] * inv * __bfloat162float(r.norm_weight[i]);
   __threadfence();
   __syncthreads();
   if (threadIdx.x == 0) last = atomicAdd(&r.counters[t], 1) == (int)gridDim.x - 1;
@@ -334,17 +332,23 @@ __global__ void __launch_bounds__(kMmaWarps * 32) moe_expert_mma_kernel(const fl
   const int tile = blockIdx.x;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int g = lane >> 2, t = lane & 3;
-  pdl_wait();  // the experts and the activations come from the kernels before
-  pdl_launch_dependents();
+  // gate_up waits for the route (or sort) before reading which expert it multiplies. down runs right
+  // after gate_up, which launched it only once past its own wait: the routing is complete, so down
+  // reads it (through L2: the buffers are rewritten every layer) and requests its first weight steps
+  // before waiting for gate_up's activations.
+  if constexpr (GATE_UP) {
+    pdl_wait();
+    pdl_launch_dependents();
+  }
   // Columns: sorted positions first .. first + cols - 1 (per pair: the pair itself, identity order).
   int e, first, cols;
   if constexpr (PER_PAIR) {
     first = blockIdx.y, cols = 1;
-    e = pair_expert ? pair_expert[first] : 0;
+    e = pair_expert ? __ldcg(pair_expert + first) : 0;
   } else {
     const int tl = blockIdx.y;
-    if (tl >= tiles[0]) return;  // past the sort's count: nothing routed here
-    e = tiles[1 + 3 * tl], first = tiles[2 + 3 * tl], cols = tiles[3 + 3 * tl];
+    if (tl >= __ldcg(tiles)) return;  // past the sort's count: nothing routed here
+    e = __ldcg(tiles + 1 + 3 * tl), first = __ldcg(tiles + 2 + 3 * tl), cols = __ldcg(tiles + 3 + 3 * tl);
   }
   auto pair_at = [&](int pos) { return PER_PAIR ? pos : sorted[pos]; };
   const int I = ex.inter, H = ex.hidden;
@@ -366,6 +370,10 @@ __global__ void __launch_bounds__(kMmaWarps * 32) moe_expert_mma_kernel(const fl
   for (int d = 0; d < kMmaDepth; ++d) {
     if (d < my_steps) ws.issue(warp + d * kMmaWarps, d);
     cp_async_commit();
+  }
+  if constexpr (!GATE_UP) {
+    pdl_wait();
+    pdl_launch_dependents();
   }
   // Column g's activations: gate_up reads the pair's token row, down the pair's act row (by position).
   const bool has_x = g < cols;
