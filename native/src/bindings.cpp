@@ -257,7 +257,10 @@ void bind_runtime(py::module_& m) {
   k.def("add_bias", &c::add_bias, release());
   k.def("head_rmsnorm", &c::head_rmsnorm, release());
   k.def("rope_inv_freq", [](const py::dict& config) { return c::rope_inv_freq(model_config(config)); });
-  k.def("rope_kv_write", &c::rope_kv_write, release());
+  k.def("rope_kv_write", &c::rope_kv_write, release(), py::arg("qkv"), py::arg("tokens"), py::arg("heads"),
+        py::arg("kv_heads"), py::arg("head_dim"), py::arg("positions"), py::arg("slots"), py::arg("inv_freq"),
+        py::arg("q_out"), py::arg("k_cache"), py::arg("v_cache"), py::arg("q_norm") = 0, py::arg("k_norm") = 0,
+        py::arg("eps") = 0.f);
   k.def("paged_attention", &c::paged_attention, release());
   k.def("prefill_key_splits", &hearth::prefill_key_splits, py::arg("rows"), py::arg("heads"),
         py::arg("head_dim"), py::arg("max_kv_len"), py::arg("part_rows"));

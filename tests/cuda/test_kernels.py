@@ -100,18 +100,23 @@ def test_rope_inverse_frequencies_match_reference(scaling):
     assert torch.allclose(ours, ref, rtol=1e-6, atol=0)
 
 
-@pytest.mark.parametrize("tokens,heads,kvh,hd", [(1, 9, 3, 64), (37, 32, 8, 64), (5, 16, 8, 128)])
-def test_rope_kv_write(tokens, heads, kvh, hd):
+@pytest.mark.parametrize("head_norm", [False, True])
+@pytest.mark.parametrize("tokens,heads,kvh,hd", [(1, 9, 3, 64), (37, 32, 8, 64), (5, 16, 8, 128), (3, 4, 2, 96)])
+def test_rope_kv_write(tokens, heads, kvh, hd, head_norm):
+    """Rope of q and k and the KV write; with Qwen3's per-head norms, each q / k head normalized
+    first (the reference: head_rmsnorm's formula in float64), values untouched."""
     bs, blocks = 16, 64
-    qkv = torch.randn(tokens, (heads + 2 * kvh) * hd, device="cuda")
+    qkv = torch.randn(tokens, (heads + 2 * kvh) * hd, device="cuda") * 3
     positions = torch.randint(0, 5000, (tokens,), device="cuda", dtype=torch.int32)
     slots = torch.randperm(bs * blocks, device="cuda")[:tokens].int()
     inv = torch.tensor(K().rope_inv_freq(_inv_freq_config(hd, True)), device="cuda")
     q_out = poison((tokens, heads * hd), torch.float32)
     kc = torch.zeros(bs * blocks, kvh, hd, device="cuda", dtype=torch.bfloat16)
     vc = torch.zeros_like(kc)
+    qn, kn = torch.randn(hd, device="cuda").bfloat16(), torch.randn(hd, device="cuda").bfloat16()
+    norms = dict(q_norm=ptr(qn), k_norm=ptr(kn), eps=1e-6) if head_norm else {}
     K().rope_kv_write(ptr(qkv), tokens, heads, kvh, hd, ptr(positions), ptr(slots), ptr(inv), ptr(q_out),
-                      ptr(kc), ptr(vc))
+                      ptr(kc), ptr(vc), **norms)
     ang = positions.double()[:, None] * inv.double()[None]
     cos, sin = torch.cat([ang.cos()] * 2, -1)[:, None], torch.cat([ang.sin()] * 2, -1)[:, None]
 
@@ -119,9 +124,12 @@ def test_rope_kv_write(tokens, heads, kvh, hd):
         a, b = x.chunk(2, -1)
         return x * cos + torch.cat((-b, a), -1) * sin
 
+    def norm(v, w):
+        return v * torch.rsqrt(v.pow(2).mean(-1, keepdim=True) + 1e-6) * w.double() if head_norm else v
+
     x = qkv.double().view(tokens, heads + 2 * kvh, hd)
-    q_ref = rot(x[:, :heads])
-    k_ref = rot(x[:, heads:heads + kvh])
+    q_ref = rot(norm(x[:, :heads], qn))
+    k_ref = rot(norm(x[:, heads:heads + kvh], kn))
     assert rel(q_out.view(tokens, heads, hd), q_ref) < 1e-4  # fp32 angle at positions up to 5000
     assert rel(kc[slots.long()], k_ref) < 1e-2
     assert torch.equal(vc[slots.long()], x[:, heads + kvh:].float().bfloat16())

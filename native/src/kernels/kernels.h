@@ -71,9 +71,19 @@ struct RopeTarget {
   int heads, kv_heads, head_dim;
 };
 
+// Per-head RMSNorm weights (Qwen3's q_norm / k_norm, [hd] each) applied before the rotation;
+// q null: none.
+struct HeadNorm {
+  const bf16* q = nullptr;
+  const bf16* k = nullptr;
+  float eps = 0.f;
+};
+
 // rope_kv.cu: rotary embedding (rotate-half convention) of q and k from the fused qkv rows
-// [tokens, (H + 2*KV)*hd], stored with v where `target` says.
-void launch_rope_kv_write(const float* qkv, int tokens, const RopeTarget& target, cudaStream_t stream);
+// [tokens, (H + 2*KV)*hd], each head first normalized where `norm` has weights, stored with v
+// where `target` says.
+void launch_rope_kv_write(const float* qkv, int tokens, const RopeTarget& target, cudaStream_t stream,
+                          const HeadNorm& norm = {});
 
 // Paged attention. q [rows, H*hd] fp32; caches [slot, KV, hd] bf16; block_tables [tables, max_blocks]
 // (physical block ids); row_table[r] picks a row's table; kv_lens[r] keys visible to row r

@@ -48,11 +48,11 @@ std::vector<float> rope_inv_freq(const ModelConfig& config) { return hearth::rop
 
 void rope_kv_write(uintptr_t qkv, int tokens, int heads, int kv_heads, int head_dim,
                    uintptr_t positions, uintptr_t slots, uintptr_t inv_freq, uintptr_t q_out,
-                   uintptr_t k_cache, uintptr_t v_cache) {
+                   uintptr_t k_cache, uintptr_t v_cache, uintptr_t q_norm, uintptr_t k_norm, float eps) {
   const RopeTarget target{P<const int32_t>(positions), P<const int32_t>(slots),
                           P<const float>(inv_freq), P<float>(q_out), P<bf16>(k_cache),
                           P<bf16>(v_cache), heads, kv_heads, head_dim};
-  launch_rope_kv_write(P<const float>(qkv), tokens, target, 0);
+  launch_rope_kv_write(P<const float>(qkv), tokens, target, 0, HeadNorm{P<const bf16>(q_norm), P<const bf16>(k_norm), eps});
   sync();
 }
 

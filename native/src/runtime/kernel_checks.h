@@ -20,9 +20,10 @@ void add_bias(uintptr_t x, uintptr_t bias, int rows, int cols);
 void head_rmsnorm(uintptr_t x, int rows, int row_stride, int col0, int heads, int head_dim,
                   uintptr_t weight, float eps);
 std::vector<float> rope_inv_freq(const ModelConfig& config);
+// q_norm / k_norm != 0: each query / key head RMSNorm'd first (Qwen3).
 void rope_kv_write(uintptr_t qkv, int tokens, int heads, int kv_heads, int head_dim,
                    uintptr_t positions, uintptr_t slots, uintptr_t inv_freq, uintptr_t q_out,
-                   uintptr_t k_cache, uintptr_t v_cache);
+                   uintptr_t k_cache, uintptr_t v_cache, uintptr_t q_norm, uintptr_t k_norm, float eps);
 // mode "decode" (split along the keys, split_len) or "prefill".
 void paged_attention(const std::string& mode, uintptr_t q, uintptr_t k_cache, uintptr_t v_cache,
                      uintptr_t block_tables, uintptr_t row_table, uintptr_t kv_lens, uintptr_t out,
