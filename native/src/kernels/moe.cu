@@ -316,13 +316,16 @@ __global__ void moe_down_gemv_kernel(const float* __restrict__ act, MoeExperts e
 // gate_up: the tile's rows 0-7 are gate rows j, rows 8-15 the matching up rows, so a lane holds
 // both sums of an output; down: 16 consecutive output rows. Sums added in warp order: a pair's
 // result does not depend on the other pairs of its block.
+// Four blocks an SM (64 registers, a few bytes spilled; 73-76 left three): more weight bytes in flight,
+// measured on Qwen3-30B-A3B NVFP4 (H100): the expert kernels 18.3 -> 17.2 ms a step at 64 rows,
+// batch 64 aggregate 2,415 -> 2,511 tok/s, batch 1 357 -> 361.
 constexpr int kMmaWarps = 8;
 constexpr int kMmaDepth = 2;  // steps in flight per warp (gate_up's k = 2048 is 2 steps a warp)
 using ExpertStream = nvfp4_mma::WeightStream<1, kMmaDepth>;
 constexpr int kMmaRingBytes = kMmaWarps * ExpertStream::kWarpBytes;
 
 template <bool GATE_UP, bool PER_PAIR>
-__global__ void __launch_bounds__(kMmaWarps * 32) moe_expert_mma_kernel(const float* __restrict__ x, MoeExperts ex,
+__global__ void __launch_bounds__(kMmaWarps * 32, 4) moe_expert_mma_kernel(const float* __restrict__ x, MoeExperts ex,
                                                                        const int32_t* __restrict__ pair_expert,
                                                                        const int32_t* __restrict__ sorted,
                                                                        const int32_t* __restrict__ tiles, int top_k,
