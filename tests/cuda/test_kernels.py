@@ -166,7 +166,7 @@ def _decode_attention(q, kc, vc, tables, lens, heads, kvh, hd, max_blocks, split
 
 
 @pytest.mark.parametrize("lens,heads,kvh,hd", [([1], 4, 4, 64), ([17, 300], 9, 3, 64), ([4099, 1, 640], 32, 8, 128),
-                                               ([1000], 16, 8, 96)])
+                                               ([1000], 16, 8, 96), ([300, 1, 129, 2000] * 3, 32, 4, 128)])
 @pytest.mark.parametrize("split_len", [160, 0])  # 0: each row picks its own pieces (graph path)
 def test_decode_attention(lens, heads, kvh, hd, split_len):
     kc, vc, tables, max_blocks = _attention_case(lens, heads, kvh, hd)
@@ -176,11 +176,12 @@ def test_decode_attention(lens, heads, kvh, hd, split_len):
         assert rel(out[r], _attention_ref(q[r], kc, vc, tables[r], n, heads, kvh, hd)) < 1e-5
 
 
-def test_decode_attention_rows_do_not_depend_on_batch():
+@pytest.mark.parametrize("kvh", [8, 4])  # 4: eight heads a KV head, in blocks of four
+def test_decode_attention_rows_do_not_depend_on_batch(kvh):
     """A row's output is bit-identical alone (one head per block) and among 40 rows (the KV head's
-    query group per block, fewer blocks per (row, group) walking more pieces each): batched decoding
-    equals unbatched decoding."""
-    heads, kvh, hd = 32, 8, 128
+    query group, or four heads of it, per block, fewer blocks per (row, group) walking more pieces
+    each): batched decoding equals unbatched decoding."""
+    heads, hd = 32, 128
     lens = [4099, 1, 300, 257, 2000] * 8
     kc, vc, tables, max_blocks = _attention_case(lens, heads, kvh, hd)
     q = torch.randn(len(lens), heads * hd, device="cuda")
@@ -194,6 +195,7 @@ def test_decode_attention_rows_do_not_depend_on_batch():
 
 @pytest.mark.parametrize("name,rows,heads,kvh,hd,kv", [("135M b1", 1, 9, 3, 64, 256), ("135M b1 kv 32", 1, 9, 3, 64, 32),
                                                       ("8B b1", 1, 32, 8, 128, 256), ("8B b64", 64, 32, 8, 128, 144),
+                                                      ("30B-A3B b64", 64, 32, 4, 128, 144),
                                                       ("8B b1 4k", 1, 32, 8, 128, 4096)])
 def test_decode_attention_latency(name, rows, heads, kvh, hd, kv):
     """Prints the decode attention's GPU time per launch, back to back (warm

@@ -1,8 +1,8 @@
 // Paged decode attention for grouped-query heads: each row is one new token of one sequence,
 // attending to kv_lens[row] cached keys. One kernel:
 //   - a block serves G query heads that share one KV head (G = heads / kv_heads where that is 1-4,
-//     head size <= 128 and rows x heads fill the GPU twice over, else 1): each K and V row is read
-//     once for the whole group. With few rows one head per block is faster (more blocks share the
+//     else its largest divisor up to 4, where head size <= 128 and rows x heads fill the GPU twice
+//     over; else 1): each K and V row is read once for the whole group. With few rows one head per block is faster (more blocks share the
 //     chain of dependent loads: 8B batch 1, 256 keys, 8.0 against 15.5 us), with many the group
 //     is (8B 64 rows, 144 keys: 57 against 131 us; test_decode_attention_latency, H200);
 //   - a row's keys are cut into pieces of split_len (>= 256 keys, chosen from the row's kv_len
@@ -208,9 +208,13 @@ static int sm_count() {
 
 int decode_attention_group(int rows, int heads, int kv_heads, int head_dim) {
   const int sms = sm_count();
-  const int group = heads / kv_heads;
-  if (group > kMaxGroup || head_dim > 128) return 1;
-  return (long long)rows * heads >= 2LL * sms ? group : 1;
+  if (head_dim > 128 || (long long)rows * heads < 2LL * sms) return 1;
+  // The most heads (<= kMaxGroup) that evenly divide those sharing a KV head: Qwen3-30B-A3B's 8 go
+  // in groups of 4, so each K and V row is read twice instead of eight times.
+  const int sharing = heads / kv_heads;
+  for (int g = std::min(sharing, kMaxGroup); g > 1; --g)
+    if (sharing % g == 0) return g;
+  return 1;
 }
 
 int decode_attention_grid_splits(int rows, int heads, int max_splits) {

@@ -106,7 +106,7 @@ struct PagedAttention {
 // launch; each launch leaves them zero. split_len 0: each row picks its own from its kv_len
 // (max(256, kv_len / max_splits rounded up to 32)); a given split_len times max_splits (<= 32)
 // must cover every row. A block serves decode_attention_group(...) query heads sharing one KV head
-// (1 for few rows x heads, the KV head's whole group for many: chosen from the shape);
+// (1 for few rows x heads, for many the KV head's group or up to 4 heads of it: chosen from the shape);
 // decode_attention_grid_splits: the blocks per (row, head group) of a launch. Each block reads
 // its metadata and prefetches its first piece of K / V into L2 before waiting for rope.
 void launch_decode_attention(const PagedAttention& p, int split_len, int max_splits,
