@@ -2,9 +2,10 @@
 // attending to kv_lens[row] cached keys. One kernel:
 //   - a block serves G query heads that share one KV head (G = heads / kv_heads where that is 1-4,
 //     else its largest divisor up to 4, where head size <= 128 and rows x heads fill the GPU twice
-//     over; else 1): each K and V row is read once for the whole group. With few rows one head per block is faster (more blocks share the
-//     chain of dependent loads: 8B batch 1, 256 keys, 8.0 against 15.5 us), with many the group
-//     is (8B 64 rows, 144 keys: 57 against 131 us; test_decode_attention_latency, H200);
+//     over; else 1): each K and V row is read once for the whole group. With few rows one head per
+//     block is faster (more blocks share the chain of dependent loads: 8B batch 1, 256 keys, 8.0
+//     against 15.5 us), with many the group is (8B 64 rows, 144 keys: 57 against 131 us;
+//     test_decode_attention_latency, H200);
 //   - a row's keys are cut into pieces of split_len (>= 256 keys, chosen from the row's kv_len
 //     alone), so a long context spreads over many blocks;
 //   - block (head group, row, z) takes pieces z, z + Z, ... (Z = gridDim.z, fewer when many rows x

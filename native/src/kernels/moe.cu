@@ -325,11 +325,10 @@ using ExpertStream = nvfp4_mma::WeightStream<1, kMmaDepth>;
 constexpr int kMmaRingBytes = kMmaWarps * ExpertStream::kWarpBytes;
 
 template <bool GATE_UP, bool PER_PAIR>
-__global__ void __launch_bounds__(kMmaWarps * 32, 4) moe_expert_mma_kernel(const float* __restrict__ x, MoeExperts ex,
-                                                                       const int32_t* __restrict__ pair_expert,
-                                                                       const int32_t* __restrict__ sorted,
-                                                                       const int32_t* __restrict__ tiles, int top_k,
-                                                                       float* __restrict__ out) {
+__global__ void __launch_bounds__(kMmaWarps * 32, 4)
+    moe_expert_mma_kernel(const float* __restrict__ x, MoeExperts ex, const int32_t* __restrict__ pair_expert,
+                          const int32_t* __restrict__ sorted, const int32_t* __restrict__ tiles, int top_k,
+                          float* __restrict__ out) {
   using namespace nvfp4_mma;
   __shared__ __align__(16) unsigned char ring[kMmaRingBytes];
   const int tile = blockIdx.x;

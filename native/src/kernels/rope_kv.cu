@@ -19,10 +19,11 @@ __global__ void rope_kv_write_kernel(const float* __restrict__ qkv, RopeTarget t
   const int half = target.head_dim >> 1;
   const int row_width = (target.heads + 2 * target.kv_heads) * target.head_dim;
   const float* src = qkv + (size_t)t * row_width + (size_t)h * target.head_dim;
-  // A query or key head's RMSNorm (the block is one head: uniform branch, block_sum inside).
+  // A query or key head's RMSNorm (the block is one head: uniform branch, block_sum inside); values
+  // and models without head norms have no weight here.
   const bf16* nw = h < target.heads ? norm.q : h < target.heads + target.kv_heads ? norm.k : nullptr;
   float inv = 1.f;
-  if (norm.q && nw) {
+  if (nw) {
     __shared__ float scratch[32];
     float sq = 0.f;
     for (int i = threadIdx.x; i < half; i += blockDim.x) sq += src[i] * src[i] + src[i + half] * src[i + half];
@@ -30,7 +31,7 @@ __global__ void rope_kv_write_kernel(const float* __restrict__ qkv, RopeTarget t
   }
   for (int i = threadIdx.x; i < half; i += blockDim.x) {
     float x1 = src[i], x2 = src[i + half];
-    if (norm.q && nw) x1 *= inv * __bfloat162float(nw[i]), x2 *= inv * __bfloat162float(nw[i + half]);
+    if (nw) x1 *= inv * __bfloat162float(nw[i]), x2 *= inv * __bfloat162float(nw[i + half]);
     rope_store(target, t, h, i, x1, x2);
   }
 }

@@ -132,14 +132,14 @@ Model::Activation Model::project_normed(const Pass& pass, Residual& res, const b
   }
   if (rope) {
     if (rope->bias) launch_add_bias(out, rope->bias, rows, qkv_size_, stream_);
+    HeadNorm head_norm;
     if (rope->q_norm && cfg_.qk_norm_whole) {  // OLMoE: one norm over all of q, one over all of k
       launch_head_rmsnorm(out, rows, qkv_size_, 0, 1, q_size_, rope->q_norm, eps, stream_);
       launch_head_rmsnorm(out, rows, qkv_size_, q_size_, 1, kv_size_, rope->k_norm, eps, stream_);
-      launch_rope_kv_write(out, rows, rope->target, stream_);
-    } else {  // Qwen3's per-head norms, if any, in the rope kernel
-      const HeadNorm head_norm = rope->q_norm ? HeadNorm{rope->q_norm, rope->k_norm, eps} : HeadNorm{};
-      launch_rope_kv_write(out, rows, rope->target, stream_, head_norm);
+    } else if (rope->q_norm) {  // Qwen3: per head, inside the rope kernel
+      head_norm = HeadNorm{rope->q_norm, rope->k_norm, eps};
     }
+    launch_rope_kv_write(out, rows, rope->target, stream_, head_norm);
   }
   return {};
 }
