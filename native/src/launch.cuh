@@ -38,23 +38,41 @@ bool pdl_enabled();
 // An attribute of the current device, or `fallback` where the runtime cannot say (no device).
 int device_attribute(cudaDeviceAttr attr, int fallback);
 
-// kernel<<<grid, block, smem, stream>>>(args...), with the PDL attribute where enabled. The caller
-// checks the launch with HEARTH_CHECK_LAUNCH as for any launch.
+// kernel<<<grid, block, smem, stream>>>(args...), with the PDL attribute where enabled, in
+// thread-block clusters of `cluster` blocks where that is more than one (sm_90). The caller checks
+// the launch with HEARTH_CHECK_LAUNCH as for any launch.
 template <typename... Params, typename... Args>
-void launch_pdl(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
-                Args&&... args) {
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
+void launch_pdl_cluster(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, dim3 cluster,
+                        cudaStream_t stream, Args&&... args) {
+  cudaLaunchAttribute attr[2];
+  int count = 0;
+  if (pdl_enabled()) {
+    attr[count].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[count].val.programmaticStreamSerializationAllowed = 1;
+    ++count;
+  }
+  if (cluster.x * cluster.y * cluster.z > 1) {
+    attr[count].id = cudaLaunchAttributeClusterDimension;
+    attr[count].val.clusterDim.x = cluster.x;
+    attr[count].val.clusterDim.y = cluster.y;
+    attr[count].val.clusterDim.z = cluster.z;
+    ++count;
+  }
   cudaLaunchConfig_t config = {};
   config.gridDim = grid;
   config.blockDim = block;
   config.dynamicSmemBytes = smem;
   config.stream = stream;
   config.attrs = attr;
-  config.numAttrs = pdl_enabled() ? 1 : 0;
+  config.numAttrs = count;
   // Errors are left for HEARTH_CHECK_LAUNCH (cudaGetLastError), as with <<<>>>.
   (void)cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
+}
+
+template <typename... Params, typename... Args>
+void launch_pdl(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+                Args&&... args) {
+  launch_pdl_cluster(kernel, grid, block, smem, dim3(1, 1, 1), stream, std::forward<Args>(args)...);
 }
 
 }  // namespace hearth

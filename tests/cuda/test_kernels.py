@@ -739,12 +739,16 @@ def test_gemv_nvfp4_fast_one_fp16_product(rows, n, k):
     assert torch.isfinite(out).all() and rel(out, xs.double() @ value.T) < 1e-3
 
 
-@pytest.mark.parametrize("rows,n,k", [(9, 1536, 576), (16, 4096, 4096), (17, 6144, 4096), (33, 100, 32),
-                                      (40, 4096, 14336), (64, 2000, 1024), (64, 28672, 4096)])
+_GEMM_NVFP4_SHAPES = [(9, 1536, 576), (16, 4096, 4096), (17, 6144, 4096), (24, 1001, 2048), (33, 100, 32),
+                      (40, 4096, 14336), (64, 2000, 1024), (64, 28672, 4096)]
+
+
+@pytest.mark.parametrize("rows,n,k", _GEMM_NVFP4_SHAPES)
 def test_gemm_nvfp4_small_batch(rows, n, k):
     """The small-batch product reads NVFP4 codes in place (9-64 rows, one fp16 product): against
-    float64 over the same fp16 operand and dequantized weights, k split over blocks or not (the
-    shapes above take 1 to 16 slices), and every output written."""
+    float64 over the same fp16 operand and dequantized weights, one 16-row tile a warp (up to 16
+    rows) or two, k split over a cluster's blocks or not (the shapes above take 1 to 8 slices, n not
+    a multiple of the tile), every output written, and the same sums on a second launch."""
     t, codes, scales, value = _nvfp4_weight(n, k, seed=rows + n)
     x = (torch.randn(rows, k, device="cuda") * 4096).half()  # the fast operand: scaled near fp16's top
     x_scale = 2.0 ** -12
@@ -754,7 +758,7 @@ def test_gemm_nvfp4_small_batch(rows, n, k):
     err = rel(out, (x.double() * x_scale) @ value.T)
     print(f"\n[gemm nvfp4 {rows}x{n}x{k}] rel {err:.2e}", end="")
     assert err < 2e-5
-    again = poison((rows, n), torch.float32)  # the k-split counters were left zero: same sums again
+    again = poison((rows, n), torch.float32)  # slices added in slice order: the same sums again
     K().gemm_nvfp4(ptr(x), x_scale, ptr(codes), ptr(scales), float(t.global_scale), ptr(again), rows, n, k)
     assert torch.equal(again, out)
 
@@ -782,16 +786,30 @@ def test_gemv_nvfp4_bandwidth_8b_shapes():
             if rows == 1:
                 total_bytes += per
                 total_s += sf
-        for rows in (16, 32, 64):  # the small-batch product against the expansion + cuBLASLt it replaced
+        del codes, scales
+    print(f"\n[gemv nvfp4 8B one layer, batch 1, fast] {total_s * 1e6:.1f} us, {total_bytes / total_s / 1e12:.2f} TB/s")
+
+
+def test_gemm_nvfp4_bandwidth():
+    """Prints the small-batch NVFP4 product's time and packed-weight read rate at 16 / 32 / 64 rows on
+    the Llama-3.1-8B and Qwen3-30B-A3B shapes, weights rotated through more memory than L2 holds
+    (figures for docs)."""
+    import numpy as np
+
+    rng = np.random.default_rng(6)
+    for name, n, k in [("8B qkv", 6144, 4096), ("8B o", 4096, 4096), ("8B gate_up", 28672, 4096),
+                       ("8B down", 4096, 14336), ("MoE qkv", 5120, 2048), ("MoE o", 2048, 4096)]:
+        per = n * k // 2 + n * k // 16
+        copies = max(1, (1 << 30) // per)
+        codes = torch.from_numpy(rng.integers(0, 256, copies * n * k // 2, dtype=np.uint8)).cuda()
+        scales = torch.from_numpy(rng.integers(0x28, 0x58, copies * n * k // 16, dtype=np.uint8)).cuda()
+        for rows in (16, 32, 64):
             x16 = (torch.randn(rows, k, device="cuda") * 4096).half()
             out = torch.empty(rows, n, device="cuda")
             s = K().gemm_nvfp4_seconds(ptr(x16), ptr(codes), ptr(scales), ptr(out), rows, n, k, copies, 30, False)
             assert torch.isfinite(out).all()
-            se = K().gemm_nvfp4_seconds(ptr(x16), ptr(codes), ptr(scales), ptr(out), rows, n, k, copies, 30, True)
-            print(f"\n[gemm nvfp4 8B {name} {n}x{k} rows={rows}] {s * 1e6:.1f} us ({per / s / 1e12:.2f} TB/s), "
-                  f"expand + cuBLASLt {se * 1e6:.1f} us", end="")
+            print(f"\n[gemm nvfp4 {name} {n}x{k} rows={rows}] {s * 1e6:.1f} us ({per / s / 1e12:.2f} TB/s)", end="")
         del codes, scales
-    print(f"\n[gemv nvfp4 8B one layer, batch 1, fast] {total_s * 1e6:.1f} us, {total_bytes / total_s / 1e12:.2f} TB/s")
 
 
 @pytest.mark.parametrize("fp16", [True, False])

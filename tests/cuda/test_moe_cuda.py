@@ -99,6 +99,8 @@ BLOCK_CASES = [  # (path, rows, nvfp4, split, shared, normalize, bar)
     ("grouped", 97, True, False, False, False, 2e-3),
     ("grouped_nvfp4", 300, True, False, True, True, 2e-3),  # fast, codes read in place: one fp16 product
     ("grouped_nvfp4", 700, True, False, False, False, 2e-3),
+    ("grouped_nvfp4", 12, True, False, True, True, 2e-3),   # 9-64 rows: 8-row tiles of one expert
+    ("grouped_nvfp4", 64, True, False, False, False, 2e-3),
     ("tiled", 12, True, False, True, True, 1e-5),          # NVFP4 experts, 8-row tiles of one expert
     ("tiled", 64, True, False, False, False, 1e-5),
 ]

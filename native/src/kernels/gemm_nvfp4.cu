@@ -4,15 +4,26 @@
 // Before it, each step expanded the whole projection into fp16 (4 bytes written and read back per
 // packed byte) for cuBLASLt: the 8B's batch-64 decode spent most of its time there.
 //
-// Block: 8 warps, 128 weight rows (a 16-row mma tile per warp, the GEMV's lane layout:
-// nvfp4_mma.cuh), all of the batch as the mma's columns (NB groups of 8), one k slice. Per step of
-// 128 inputs the block stages the batch's activations [8 NB rows x 128] in shared memory (cp.async,
-// shared by the 8 warps) while each warp streams its own codes and scales (WeightStream); kDepth - 1
-// steps are in flight. Codes become fp16 e2m1 * 2^-14 times the block scale (exact: e2m1 * e4m3 has
-// at most 6 significant bits and its smallest value, 2^-10 * 2^-14, is fp16's smallest subnormal).
-// Small grids split k over blocks (gridDim.y); the block that finishes a column of tiles last adds
-// the slices' partial sums in slice order, so the result does not depend on timing.
+// Block: 8 warps, each FT 16-row mma tiles of the weight (the GEMV's lane layout: nvfp4_mma.cuh),
+// all of the batch as the mma's columns (NB groups of 8), one k slice. Per step of 128 inputs the
+// block stages the batch's activations [8 NB rows x 128] in shared memory (cp.async, shared by the
+// 8 warps) while each warp streams its own codes and scales (WeightStream); kDepth - 1 steps are in
+// flight. Codes become fp16 e2m1 * 2^-14 times the block scale (exact: e2m1 * e4m3 has at most 6
+// significant bits and its smallest value, 2^-10 * 2^-14, is fp16's smallest subnormal). Two tiles
+// a warp (256 weight rows a block, past 16 rows) halve the activation bytes each weight byte costs,
+// in shared memory and from L2.
+//
+// Narrow grids split k over the blocks of a thread-block cluster (Hopper): each block leaves its
+// sums in its own shared memory, and after a cluster barrier block r adds rows r, r + S, ... of
+// the tile over the S slices in slice order, reading the others' shared memory (DSMEM), so the
+// result does not depend on timing and no partial sums go through global memory. The first
+// version split k through global partials that the column's last block added up alone; at 64 rows
+// that tail and the partials' traffic (slices x rows x n x 8 bytes) took most of its time.
+// Devices without clusters (before sm_90) run one slice.
+#include <cooperative_groups.h>
+
 #include <algorithm>
+#include <array>
 
 #include "../common.cuh"
 #include "../launch.cuh"
@@ -25,27 +36,31 @@ namespace {
 
 constexpr int kWarps = 8;
 constexpr int kThreads = kWarps * 32;
-constexpr int kBlockRows = 16 * kWarps;
 constexpr int kDepth = 3;
-using nvfp4_mma::kStepInputs;
-using Stream = nvfp4_mma::WeightStream<1, kDepth>;
+constexpr int kMaxSlices = 8;  // the portable cluster size
 using nvfp4_mma::kStagedRowBytes;
+using nvfp4_mma::kStepInputs;
 
-template <int NB>
+template <int NB, int FT>
 struct Layout {
+  using Stream = nvfp4_mma::WeightStream<FT, kDepth>;
+  static constexpr int kBlockRows = 16 * FT * kWarps;
   static constexpr int kActStage = 8 * NB * kStagedRowBytes;
   static constexpr int kAct = kDepth * kActStage;
   static constexpr int kBytes = kAct + kWarps * Stream::kWarpBytes;
+  // The k split's sums [8 NB][kBlockRows] over the same memory, rows 4 floats apart more than the
+  // tile: a store's lanes (rows 2t + c, features g) then hit 32 distinct banks.
+  static constexpr int kSumStride = kBlockRows + 4;
+  static_assert(8 * NB * kSumStride * 4 <= kBytes, "the slice sums fit the block's shared memory");
 };
 
-template <int NB>
+template <int NB, int FT>
 __global__ void __launch_bounds__(kThreads) gemm_nvfp4_kernel(const f16* __restrict__ x, const uint8_t* __restrict__ codes,
                                                               const uint8_t* __restrict__ block_scales, int rows, int n,
                                                               int k, int steps_per_slice, float alpha,
-                                                              float* __restrict__ out, float* __restrict__ partials,
-                                                              int* __restrict__ counters) {
+                                                              float* __restrict__ out) {
   using namespace nvfp4_mma;
-  using L = Layout<NB>;
+  using L = Layout<NB, FT>;
   extern __shared__ __align__(16) unsigned char smem[];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int g = lane >> 2, t = lane & 3;
@@ -53,15 +68,18 @@ __global__ void __launch_bounds__(kThreads) gemm_nvfp4_kernel(const f16* __restr
   const int slice = blockIdx.y;
   const int s0 = slice * steps_per_slice;
   const int nsteps = min(steps, s0 + steps_per_slice) - s0;
-  const int tile_row0 = blockIdx.x * kBlockRows + warp * 16;
+  const int warp_row0 = warp * 16 * FT;  // within the block's tile
+  const int tile0 = blockIdx.x * L::kBlockRows;
 
-  Stream ws;
-  ws.init(smem + L::kAct + warp * Stream::kWarpBytes, lane, k);
+  typename L::Stream ws;
+  ws.init(smem + L::kAct + warp * L::Stream::kWarpBytes, lane, k);
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const size_t row = (size_t)min(tile_row0 + g + 8 * h, n - 1);
-    ws.set_row(0, h, codes + row * (k / 2), block_scales + row * (k / 16));
-  }
+  for (int i = 0; i < FT; ++i)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const size_t row = (size_t)min(tile0 + warp_row0 + 16 * i + g + 8 * h, n - 1);
+      ws.set_row(i, h, codes + row * (k / 2), block_scales + row * (k / 16));
+    }
   // Staged activations: thread q of the block copies chunks q, q + 256, ... of the step.
   auto stage_activations = [&](int s, int slot) {
     unsigned char* stage = smem + slot * L::kActStage;
@@ -88,88 +106,136 @@ __global__ void __launch_bounds__(kThreads) gemm_nvfp4_kernel(const f16* __restr
     cp_async_commit();
   }
 
-  float acc[NB][4];
+  float acc[FT][NB][4];
 #pragma unroll
-  for (int b = 0; b < NB; ++b)
-#pragma unroll
-    for (int q = 0; q < 4; ++q) acc[b][q] = 0.f;
-
-  staged_steps<NB, kDepth>(ws, stage_activations, s0, nsteps, smem, L::kActStage, g, t, acc);
-
-  // acc[b] = (tile row g, batch rows 8b + 2t, + 1), (tile row g + 8, the same batch rows).
-  const float scale = alpha * 16384.f;  // the codes' 2^-14
-  auto each = [&](auto&& f) {
+  for (int i = 0; i < FT; ++i)
 #pragma unroll
     for (int b = 0; b < NB; ++b)
 #pragma unroll
-      for (int q = 0; q < 4; ++q) {
-        const int m = 8 * b + 2 * t + (q & 1), feature = tile_row0 + g + 8 * (q >> 1);
-        if (m < rows && feature < n) f(m, feature, acc[b][q]);
-      }
-  };
+      for (int q = 0; q < 4; ++q) acc[i][b][q] = 0.f;
+
+  staged_steps<NB, FT, kDepth>(ws, stage_activations, s0, nsteps, smem, L::kActStage, g, t, acc);
+
+  // acc[i][b] = (tile i row g, batch rows 8b + 2t, + 1), (tile i row g + 8, the same batch rows).
+  const float scale = alpha * 16384.f;  // the codes' 2^-14
   if (gridDim.y == 1) {
-    each([&](int m, int f, float v) { out[(size_t)m * n + f] = v * scale; });
+#pragma unroll
+    for (int i = 0; i < FT; ++i)
+#pragma unroll
+      for (int b = 0; b < NB; ++b)
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          const int m = 8 * b + 2 * t + (q & 1), f = tile0 + warp_row0 + 16 * i + g + 8 * (q >> 1);
+          if (m < rows && f < n) out[(size_t)m * n + f] = acc[i][b][q] * scale;
+        }
     return;
   }
-  each([&](int m, int f, float v) { partials[((size_t)slice * rows + m) * n + f] = v; });
-  __threadfence();
-  __syncthreads();
-  __shared__ int last;
-  if (threadIdx.x == 0) last = atomicAdd(&counters[blockIdx.x], 1) == (int)gridDim.y - 1;
-  __syncthreads();
-  if (!last) return;
-  __threadfence();
-  const int f0 = blockIdx.x * kBlockRows;
-  for (int q = threadIdx.x; q < rows * kBlockRows; q += kThreads) {
-    const int m = q / kBlockRows, f = f0 + q % kBlockRows;
-    if (f >= n) continue;
-    float v = 0.f;
-    for (int sl = 0; sl < (int)gridDim.y; ++sl) v += __ldcg(partials + ((size_t)sl * rows + m) * n + f);
-    out[(size_t)m * n + f] = v * scale;
-  }
-  if (threadIdx.x == 0) counters[blockIdx.x] = 0;  // left zero for the next launch
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  namespace cg = cooperative_groups;
+  cg::cluster_group cluster = cg::this_cluster();
+  cp_async_wait<0>();
+  __syncthreads();  // every warp is past its last read of the rings: the sums reuse that memory
+  float* sums = reinterpret_cast<float*>(smem);
+#pragma unroll
+  for (int i = 0; i < FT; ++i)
+#pragma unroll
+    for (int b = 0; b < NB; ++b)
+#pragma unroll
+      for (int q = 0; q < 4; ++q)
+        sums[(8 * b + 2 * t + (q & 1)) * L::kSumStride + warp_row0 + 16 * i + g + 8 * (q >> 1)] = acc[i][b][q];
+  cluster.sync();  // every slice's sums are in its block's shared memory
+  const int S = (int)gridDim.y;
+  constexpr int kQuads = L::kBlockRows / 4;
+  for (int m = slice; m < rows; m += S)
+    for (int c = threadIdx.x; c < kQuads; c += kThreads) {
+      float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+      for (int sl = 0; sl < S; ++sl) {  // in slice order
+        const float4 p = *reinterpret_cast<const float4*>(cluster.map_shared_rank(sums, sl) + m * L::kSumStride + 4 * c);
+        v.x += p.x;
+        v.y += p.y;
+        v.z += p.z;
+        v.w += p.w;
+      }
+      const float r[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+        if (tile0 + 4 * c + j < n) out[(size_t)m * n + tile0 + 4 * c + j] = r[j] * scale;
+    }
+  cluster.sync();  // no block leaves while another still reads its shared memory
+#endif
 }
 
-template <int NB>
-void launch_nb(const Fp16Operand& x, const WeightView& w, float* out, int rows, int n, int k, float* partials,
-               int* counters, cudaStream_t stream) {
-  const int blocks = (n + kBlockRows - 1) / kBlockRows;
+// Clusters of s blocks (s = 1 .. kMaxSlices) that run at once on this device (s = 1: blocks);
+// 0 where the device has no clusters.
+template <int NB, int FT>
+const std::array<int, kMaxSlices + 1>& concurrent_clusters() {
+  static const std::array<int, kMaxSlices + 1> counts = [] {
+    HEARTH_CUDA(cudaFuncSetAttribute(gemm_nvfp4_kernel<NB, FT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                     Layout<NB, FT>::kBytes));
+    std::array<int, kMaxSlices + 1> c{};
+    int per_sm = 0;
+    HEARTH_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, gemm_nvfp4_kernel<NB, FT>, kThreads,
+                                                              Layout<NB, FT>::kBytes));
+    c[1] = per_sm * device_attribute(cudaDevAttrMultiProcessorCount, 132);
+    if (device_attribute(cudaDevAttrClusterLaunch, 0) == 0) return c;
+    for (int s = 2; s <= kMaxSlices; ++s) {
+      const dim3 cluster(1, s, 1);
+      cudaLaunchAttribute attr{};
+      attr.id = cudaLaunchAttributeClusterDimension;
+      attr.val.clusterDim.x = cluster.x;
+      attr.val.clusterDim.y = cluster.y;
+      attr.val.clusterDim.z = cluster.z;
+      cudaLaunchConfig_t config = {};
+      config.gridDim = cluster;
+      config.blockDim = dim3(kThreads);
+      config.dynamicSmemBytes = Layout<NB, FT>::kBytes;
+      config.attrs = &attr;
+      config.numAttrs = 1;
+      if (cudaOccupancyMaxActiveClusters(&c[s], gemm_nvfp4_kernel<NB, FT>, &config) != cudaSuccess) {
+        (void)cudaGetLastError();  // this size cannot launch: leave it out
+        c[s] = 0;
+      }
+    }
+    return c;
+  }();
+  return counts;
+}
+
+template <int NB, int FT>
+void launch_tiles(const Fp16Operand& x, const WeightView& w, float* out, int rows, int n, int k,
+                  cudaStream_t stream) {
+  using L = Layout<NB, FT>;
+  const int blocks = (n + L::kBlockRows - 1) / L::kBlockRows;
   const int steps = (k + kStepInputs - 1) / kStepInputs;
-  // About two blocks per multiprocessor: split k when the tiles alone are fewer.
-  const int sms = device_attribute(cudaDevAttrMultiProcessorCount, 132);
-  int slices = std::max(1, std::min(steps, (2 * sms + blocks - 1) / blocks));
+  // The most k slices whose clusters still run every column at once: more blocks busy, one wave.
+  const auto& active = concurrent_clusters<NB, FT>();
+  int slices = 1;
+  for (int s = 2; s <= std::min(kMaxSlices, steps); ++s)
+    if (blocks <= active[s]) slices = s;
   const int per = (steps + slices - 1) / slices;
   slices = (steps + per - 1) / per;
-  HEARTH_REQUIRE(slices == 1 || (partials && counters), "gemm_nvfp4: a split product needs partials and counters");
-  static const bool sized = [] {
-    HEARTH_CUDA(cudaFuncSetAttribute(gemm_nvfp4_kernel<NB>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                     Layout<NB>::kBytes));
-    return true;
-  }();
-  (void)sized;
-  launch_pdl(gemm_nvfp4_kernel<NB>, dim3(blocks, slices), kThreads, Layout<NB>::kBytes, stream, x.data,
-             static_cast<const uint8_t*>(w.data), w.block_scales, rows, n, k, per, x.scale * w.scale, out, partials,
-             counters);
+  launch_pdl_cluster(gemm_nvfp4_kernel<NB, FT>, dim3(blocks, slices), kThreads, L::kBytes, dim3(1, slices, 1),
+                     stream, x.data, static_cast<const uint8_t*>(w.data), w.block_scales, rows, n, k, per,
+                     x.scale * w.scale, out);
   HEARTH_CHECK_LAUNCH("gemm_nvfp4_kernel");
 }
 
 }  // namespace
 
-size_t gemm_nvfp4_partial_bytes(int rows, int n, int k) {
-  return (size_t)std::max(1, (k + kStepInputs - 1) / kStepInputs) * rows * n * 4;
-}
-
-int gemm_nvfp4_counters(int n) { return (n + kBlockRows - 1) / kBlockRows; }
-
+// Tiles a warp: two past 16 rows, one up to 16 (where the mma columns are few, the activation bytes
+// were no limit, and one keeps twice the blocks). Measured on the H100 at 32 / 64 rows with either
+// (test_gemm_nvfp4_bandwidth), two were faster or level on every 8B and Qwen3-30B-A3B shape but the
+// 8B down at 32 rows (48.3 against 46.3 us); e.g. 8B qkv at 32 rows 26.6 -> 19.1 us, gate_up at 64
+// rows 108.5 -> 85.0, MoE o at 64 rows 18.8 -> 16.4.
 void launch_gemm_nvfp4(const Fp16Operand& x, const WeightView& w, float* out, int rows, int n, int k,
-                       float* partials, int* counters, cudaStream_t stream) {
+                       cudaStream_t stream) {
   HEARTH_REQUIRE(w.format == WeightFormat::NvFp4 && w.data && w.block_scales && x.data,
                  "gemm_nvfp4: needs an NVFP4 weight and the fp16 operand");
   HEARTH_REQUIRE(rows >= 1 && rows <= kGemmNvfp4MaxRows && n > 0 && k > 0 && k % 32 == 0,
                  "gemm_nvfp4: 1..64 rows, k a multiple of 32");
-  if (rows <= 16) launch_nb<2>(x, w, out, rows, n, k, partials, counters, stream);
-  else if (rows <= 32) launch_nb<4>(x, w, out, rows, n, k, partials, counters, stream);
-  else launch_nb<8>(x, w, out, rows, n, k, partials, counters, stream);
+  if (rows <= 16) launch_tiles<2, 1>(x, w, out, rows, n, k, stream);
+  else if (rows <= 32) launch_tiles<4, 2>(x, w, out, rows, n, k, stream);
+  else launch_tiles<8, 2>(x, w, out, rows, n, k, stream);
 }
 
 }  // namespace hearth

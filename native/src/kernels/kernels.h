@@ -222,13 +222,10 @@ const char* gemm_backend_name();
 // gemm_nvfp4.cu: the fast product for 1..kGemmNvfp4MaxRows rows over an NVFP4 weight read in place
 // (no expansion): out = (x16 @ w^T) * x.scale * w.scale, one fp16 product, fp32 sums (row_scale,
 // when the operand has one, stays in the output rows as with launch_gemm_fast). k a multiple of 32.
-// A launch may split k over blocks: `partials` then holds gemm_nvfp4_partial_bytes and `counters`
-// gemm_nvfp4_counters(n) ints, zero before the first launch (each launch leaves them zero).
+// Narrow weights split k over a thread-block cluster (sm_90); no workspace.
 constexpr int kGemmNvfp4MaxRows = 64;
 void launch_gemm_nvfp4(const Fp16Operand& x, const WeightView& w, float* out, int rows, int n, int k,
-                       float* partials, int* counters, cudaStream_t stream);
-size_t gemm_nvfp4_partial_bytes(int rows, int n, int k);
-int gemm_nvfp4_counters(int n);
+                       cudaStream_t stream);
 
 // nvfp4.cu: an NVFP4 weight [n, k] expanded for the tensor-core product: out[i] = e2m1 * e4m3 as
 // fp16 (to_fp16) or bf16, exact either way; the returned view carries the global scale (w.scale)
@@ -303,13 +300,13 @@ void launch_moe_grouped(const float* x, const MoeExperts& ex, const int32_t* sor
                         const int32_t* tiles, int max_tiles, int top_k, bool gate_up, bool split,
                         float* out, cudaStream_t stream);
 // The fast precision's grouped product over NVFP4 experts (moe_tiled_gemv_supported shapes), codes
-// read in place, one fp16 product: the same tiles and conventions as launch_moe_grouped, over fp16
-// operands. gate_up: x16 = the normalized rows / x_scale [rows, hidden] -> act16 [pairs, inter] by
+// read in place, one fp16 product: the same conventions as launch_moe_grouped over moe_sort's tiles
+// of tile_rows (kMoeTileRows, or kMoeGemvTileRows for 9-kMoeTiledMaxRows tokens), fp16 operands. gate_up: x16 = the normalized rows / x_scale [rows, hidden] -> act16 [pairs, inter] by
 // sorted position, fp16(silu(g) * u) clamped to fp16's range; down: x16 = act16 (x_scale 1) -> y
 // [pairs, hidden] by pair.
 void launch_moe_grouped_nvfp4(const f16* x16, float x_scale, const MoeExperts& ex, const int32_t* sorted,
-                              const int32_t* tiles, int max_tiles, int top_k, bool gate_up, f16* act16, float* y,
-                              cudaStream_t stream);
+                              const int32_t* tiles, int max_tiles, int tile_rows, int top_k, bool gate_up,
+                              f16* act16, float* y, cudaStream_t stream);
 // resid[t] += sum_j pair_weight[t, j] * y[t * top_k + j] (+ sigmoid(shared_logit[t * stride]) *
 // shared_y[t] where shared_y is given); with sum_squares, each new row's sums of squares in
 // moe_combine_blocks(hidden) partials (what a GemvNorm reads).

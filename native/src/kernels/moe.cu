@@ -9,8 +9,10 @@
 //            gate/up   act[p, i] = silu(x[t] . gate_e[i]) * (x[t] . up_e[i])
 //            down      y[p, n]   = act[p] . down_e[n]
 //   many rows (prefill, large batches): the pairs sorted by expert into tiles of kMoeTileRows
-//            (sort, one block, on the device: nothing goes back to the host, so decode graphs
-//            capture it), then a tensor-core grouped GEMM per (tile, 64 outputs): the fast
+//            (kMoeGemvTileRows up to kMoeTiledMaxRows tokens; sort, one block, on the device:
+//            nothing goes back to the host, so decode graphs capture it), then a tensor-core grouped
+//            product per (tile, outputs) (NVFP4 at the fast precision: moe_grouped_nvfp4_kernel,
+//            codes read in place; else the WMMA GEMM below, 64 outputs a block): the fast
 //            precision one product over fp16 operands (activations clamped to fp16's range;
 //            bf16 and e2m1 * e4m3 weights are exact in fp16 down to its subnormals), the exact
 //            precision two over bf16 operands (the activation as bf16 hi + lo); tiles past the
@@ -312,7 +314,8 @@ __global__ void moe_down_gemv_kernel(const float* __restrict__ act, MoeExperts e
 // weight rows of one expert, its 8 warps splitting k in 128-input steps, the codes streamed through
 // each warp's cp.async ring. The mma's batch columns are the block's rows of activations: one pair
 // (PER_PAIR, decode: blockIdx.y = pair p, expert pair_expert[p]) or a sorted tile of up to 8 pairs of
-// one expert (9-64 rows: moe_sort with 8-row tiles; an expert is read once per 8 of its rows).
+// one expert (9-64 rows at the exact precision: moe_sort with 8-row tiles; an expert is read once per
+// 8 of its rows; the fast precision takes moe_grouped_nvfp4_kernel's 8-row tiles there).
 // gate_up: the tile's rows 0-7 are gate rows j, rows 8-15 the matching up rows, so a lane holds
 // both sums of an output; down: 16 consecutive output rows. Sums added in warp order: a pair's
 // result does not depend on the other pairs of its block.
@@ -638,22 +641,29 @@ __global__ void __launch_bounds__(kGroupedThreads) moe_grouped_kernel(GroupedArg
   }
 }
 
-// ---- NVFP4 experts, fast precision, many rows: the grouped product on mma.sync, codes read in place.
-// Block (output tile, sorted tile of up to 64 rows of one expert): 8 warps, each a 16-row weight tile
+// ---- NVFP4 experts, fast precision, 9 rows and more: the grouped product on mma.sync, codes read in
+// place. Block (output tile, sorted tile of up to 8 NB rows of one expert; NB = 8 for prompts, 1 for
+// the 9-64 rows of a decode batch, where an expert has a few rows): 8 warps, each a 16-row weight tile
 // streamed through its ring (nvfp4_mma::WeightStream), the tile's activations staged per step in
 // shared memory (fp16, gathered by row) and shared by the warps (staged_steps, as gemm_nvfp4.cu).
 // gate_up: warp w's tile rows 0-7 are gate rows j = 64 bx + 8 w + g, rows 8-15 the matching up rows,
 // so a lane holds both sums of an output; it writes act16 by sorted position, fp16(silu(g) * u)
 // clamped to fp16's range (as the WMMA kernel's fast operand was). down: 16 consecutive output rows
-// per warp, y by pair. Tiles past the sort's count exit at once.
+// per warp, y by pair. Tiles past the sort's count exit at once. At 9-64 decode rows this replaced
+// moe_expert_mma_kernel's 8-row tiles (8 warps splitting k, fp32 activations loaded by every warp:
+// four activation bytes from L2 per weight byte) in the fast precision.
 constexpr int kGroupedWarps = 8;
 constexpr int kGroupedDepth = 3;
 using GroupedStream = nvfp4_mma::WeightStream<1, kGroupedDepth>;
-constexpr int kGroupedStage = kMoeTileRows * nvfp4_mma::kStagedRowBytes;
-constexpr int kGroupedSmem = kGroupedDepth * kGroupedStage + kGroupedWarps * GroupedStream::kWarpBytes;
-static_assert(kMoeTileRows == 64, "the staged product takes 8 groups of 8 rows");
+template <int NB>
+constexpr int grouped_stage_bytes() { return 8 * NB * nvfp4_mma::kStagedRowBytes; }
+template <int NB>
+constexpr int grouped_smem_bytes() {
+  return kGroupedDepth * grouped_stage_bytes<NB>() + kGroupedWarps * GroupedStream::kWarpBytes;
+}
+static_assert(kMoeTileRows == 64 && kMoeGemvTileRows == 8, "the staged product takes 8 or 1 groups of 8 rows");
 
-template <bool GATE_UP>
+template <bool GATE_UP, int NB>
 __global__ void __launch_bounds__(kGroupedWarps * 32) moe_grouped_nvfp4_kernel(const f16* __restrict__ x16, MoeExperts ex,
                                                                               const int32_t* __restrict__ sorted,
                                                                               const int32_t* __restrict__ tiles,
@@ -675,7 +685,7 @@ __global__ void __launch_bounds__(kGroupedWarps * 32) moe_grouped_nvfp4_kernel(c
   const int base = GATE_UP ? blockIdx.x * 64 + warp * 8 : blockIdx.x * 128 + warp * 16;
 
   GroupedStream ws;
-  ws.init(smem + kGroupedDepth * kGroupedStage + warp * GroupedStream::kWarpBytes, lane, k);
+  ws.init(smem + kGroupedDepth * grouped_stage_bytes<NB>() + warp * GroupedStream::kWarpBytes, lane, k);
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const size_t row = (size_t)e * expert_rows +
@@ -683,8 +693,8 @@ __global__ void __launch_bounds__(kGroupedWarps * 32) moe_grouped_nvfp4_kernel(c
     ws.set_row(0, h, static_cast<const uint8_t*>(w.data) + row * (k / 2), w.block_scales + row * (k / 16));
   }
   auto stage = [&](int s, int slot) {
-    unsigned char* dst = smem + slot * kGroupedStage;
-    for (int q = threadIdx.x; q < kMoeTileRows * 16; q += blockDim.x) {
+    unsigned char* dst = smem + slot * grouped_stage_bytes<NB>();
+    for (int q = threadIdx.x; q < 8 * NB * 16; q += blockDim.x) {
       const int r = q >> 4, c = q & 15;
       const int in = s * kStepInputs + 8 * c;
       const bool ok = r < rows && in < k;
@@ -703,18 +713,18 @@ __global__ void __launch_bounds__(kGroupedWarps * 32) moe_grouped_nvfp4_kernel(c
     if (d < steps) stage(d, d);
     cp_async_commit();
   }
-  float acc[8][4];
+  float acc[1][NB][4];
 #pragma unroll
-  for (int b = 0; b < 8; ++b)
+  for (int b = 0; b < NB; ++b)
 #pragma unroll
-    for (int q = 0; q < 4; ++q) acc[b][q] = 0.f;
-  staged_steps<8, kGroupedDepth>(ws, stage, 0, steps, smem, kGroupedStage, g, t, acc);
+    for (int q = 0; q < 4; ++q) acc[0][b][q] = 0.f;
+  staged_steps<NB, 1, kGroupedDepth>(ws, stage, 0, steps, smem, grouped_stage_bytes<NB>(), g, t, acc);
 
-  // acc[b] = (tile row g, rows 8b + 2t, + 1), (tile row g + 8, the same rows); sums * 2^-14.
+  // acc[0][b] = (tile row g, rows 8b + 2t, + 1), (tile row g + 8, the same rows); sums * 2^-14.
   const float scale = (GATE_UP ? expert_scale(ex.gate_up_scales, ex.gate_up.scale, e)
                                : expert_scale(ex.down_scales, ex.down.scale, e)) * x_scale * 16384.f;
 #pragma unroll
-  for (int b = 0; b < 8; ++b)
+  for (int b = 0; b < NB; ++b)
 #pragma unroll
     for (int c = 0; c < 2; ++c) {
       const int m = 8 * b + 2 * t + c;
@@ -722,13 +732,13 @@ __global__ void __launch_bounds__(kGroupedWarps * 32) moe_grouped_nvfp4_kernel(c
       if constexpr (GATE_UP) {
         const int j = base + g;
         if (j < I) {
-          const float v = silu_mul(acc[b][c] * scale, acc[b][2 + c] * scale);
+          const float v = silu_mul(acc[0][b][c] * scale, acc[0][b][2 + c] * scale);
           act16[(size_t)(start + m) * I + j] = __float2half_rn(fminf(fmaxf(v, -65504.f), 65504.f));
         }
       } else {
         const size_t out_row = (size_t)sorted[start + m] * H;
-        if (base + g < H) y[out_row + base + g] = acc[b][c] * scale;
-        if (base + g + 8 < H) y[out_row + base + g + 8] = acc[b][2 + c] * scale;
+        if (base + g < H) y[out_row + base + g] = acc[0][b][c] * scale;
+        if (base + g + 8 < H) y[out_row + base + g + 8] = acc[0][b][2 + c] * scale;
       }
     }
 }
@@ -897,29 +907,39 @@ void launch_moe_grouped(const float* x, const MoeExperts& ex, const int32_t* sor
   HEARTH_CHECK_LAUNCH("moe_grouped_kernel");
 }
 
-void launch_moe_grouped_nvfp4(const f16* x16, float x_scale, const MoeExperts& ex, const int32_t* sorted,
-                              const int32_t* tiles, int max_tiles, int top_k, bool gate_up, f16* act16, float* y,
-                              cudaStream_t stream) {
-  check_experts(ex);
-  HEARTH_REQUIRE(moe_tiled_gemv_supported(ex), "moe grouped nvfp4: NVFP4 experts with sizes a multiple of 32");
-  HEARTH_REQUIRE(max_tiles >= 0 && max_tiles <= 65535 && top_k > 0, "moe grouped nvfp4: bad tile count");
-  if (max_tiles == 0) return;
+template <int NB>
+void launch_grouped_nvfp4(const f16* x16, float x_scale, const MoeExperts& ex, const int32_t* sorted,
+                          const int32_t* tiles, int max_tiles, int top_k, bool gate_up, f16* act16, float* y,
+                          cudaStream_t stream) {
   static const bool sized = [] {
-    HEARTH_CUDA(cudaFuncSetAttribute(moe_grouped_nvfp4_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                     kGroupedSmem));
-    HEARTH_CUDA(cudaFuncSetAttribute(moe_grouped_nvfp4_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                     kGroupedSmem));
+    HEARTH_CUDA(cudaFuncSetAttribute(moe_grouped_nvfp4_kernel<true, NB>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                     grouped_smem_bytes<NB>()));
+    HEARTH_CUDA(cudaFuncSetAttribute(moe_grouped_nvfp4_kernel<false, NB>,
+                                     cudaFuncAttributeMaxDynamicSharedMemorySize, grouped_smem_bytes<NB>()));
     return true;
   }();
   (void)sized;
   if (gate_up) {
-    launch_pdl(moe_grouped_nvfp4_kernel<true>, dim3((ex.inter + 63) / 64, max_tiles), kGroupedWarps * 32,
-               kGroupedSmem, stream, x16, ex, sorted, tiles, top_k, x_scale, act16, y);
+    launch_pdl(moe_grouped_nvfp4_kernel<true, NB>, dim3((ex.inter + 63) / 64, max_tiles), kGroupedWarps * 32,
+               grouped_smem_bytes<NB>(), stream, x16, ex, sorted, tiles, top_k, x_scale, act16, y);
   } else {
-    launch_pdl(moe_grouped_nvfp4_kernel<false>, dim3((ex.hidden + 127) / 128, max_tiles), kGroupedWarps * 32,
-               kGroupedSmem, stream, x16, ex, sorted, tiles, top_k, x_scale, act16, y);
+    launch_pdl(moe_grouped_nvfp4_kernel<false, NB>, dim3((ex.hidden + 127) / 128, max_tiles), kGroupedWarps * 32,
+               grouped_smem_bytes<NB>(), stream, x16, ex, sorted, tiles, top_k, x_scale, act16, y);
   }
   HEARTH_CHECK_LAUNCH("moe_grouped_nvfp4_kernel");
+}
+
+void launch_moe_grouped_nvfp4(const f16* x16, float x_scale, const MoeExperts& ex, const int32_t* sorted,
+                              const int32_t* tiles, int max_tiles, int tile_rows, int top_k, bool gate_up,
+                              f16* act16, float* y, cudaStream_t stream) {
+  check_experts(ex);
+  HEARTH_REQUIRE(moe_tiled_gemv_supported(ex), "moe grouped nvfp4: NVFP4 experts with sizes a multiple of 32");
+  HEARTH_REQUIRE(max_tiles >= 0 && max_tiles <= 65535 && top_k > 0, "moe grouped nvfp4: bad tile count");
+  HEARTH_REQUIRE(tile_rows == kMoeTileRows || tile_rows == kMoeGemvTileRows,
+                 "moe grouped nvfp4: tiles of kMoeTileRows or kMoeGemvTileRows rows");
+  if (max_tiles == 0) return;
+  if (tile_rows == kMoeTileRows) launch_grouped_nvfp4<8>(x16, x_scale, ex, sorted, tiles, max_tiles, top_k, gate_up, act16, y, stream);
+  else launch_grouped_nvfp4<1>(x16, x_scale, ex, sorted, tiles, max_tiles, top_k, gate_up, act16, y, stream);
 }
 
 int moe_combine_blocks(int hidden) { return (hidden + kCombineThreads - 1) / kCombineThreads; }

@@ -187,37 +187,49 @@ __device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
   return r;
 }
 
-// One step of one 16-row tile (this lane's codes w and scales sc, as WeightStream fetches them) over
-// NB groups of 8 staged rows (the mma's columns): acc[b] += the products * 2^-14 (fp16 codes times
-// their block scale, exact; one fp16 product).
-template <int NB>
-__device__ __forceinline__ void tile_step_staged(float (&acc)[NB][4], const uint4 (&w)[2], const uint32_t (&sc)[2],
-                                                 const unsigned char* stage, int g, int t) {
-  __half2 scale[2][2];  // [half][block of the word: words 0-1, 2-3]
+// One step of FT 16-row tiles (this lane's codes w and scales sc, as WeightStream fetches them) over
+// NB groups of 8 staged rows (the mma's columns): acc[i][b] += tile i's products * 2^-14 (fp16
+// codes times their block scale, exact; one fp16 product). A staged fragment read from shared
+// memory serves all FT tiles: at 64 rows, one 16-row tile per warp read 16 activation bytes from
+// shared memory per weight byte.
+template <int NB, int FT>
+__device__ __forceinline__ void tile_step_staged(float (&acc)[FT][NB][4], const uint4 (&w)[FT][2],
+                                                 const uint32_t (&sc)[FT][2], const unsigned char* stage, int g,
+                                                 int t) {
+  __half2 scale[FT][2][2];  // [tile][half][block of the word: words 0-1, 2-3]
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const __half2 both = block_scales_f16(sc[h]);
-    scale[h][0] = __low2half2(both);
-    scale[h][1] = __high2half2(both);
-  }
-#pragma unroll
-  for (int wd = 0; wd < 4; ++wd) {
-    uint32_t P[2][4];
+  for (int i = 0; i < FT; ++i)
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const uint32_t q = (&w[h].x)[wd];
-      const __half2 sv = scale[h][wd >> 1];
-      P[h][0] = f16_mul2(e2m1_pair_f16<0>(q), sv);
-      P[h][1] = f16_mul2(e2m1_pair_f16<1>(q), sv);
-      P[h][2] = f16_mul2(e2m1_pair_f16<2>(q), sv);
-      P[h][3] = f16_mul2(e2m1_pair_f16<3>(q), sv);
+      const __half2 both = block_scales_f16(sc[i][h]);
+      scale[i][h][0] = __low2half2(both);
+      scale[i][h][1] = __high2half2(both);
     }
+#pragma unroll
+  for (int wd = 0; wd < 4; ++wd) {
+    uint32_t P[FT][2][4];
+#pragma unroll
+    for (int i = 0; i < FT; ++i)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const uint32_t q = (&w[i][h].x)[wd];
+        const __half2 sv = scale[i][h][wd >> 1];
+        P[i][h][0] = f16_mul2(e2m1_pair_f16<0>(q), sv);
+        P[i][h][1] = f16_mul2(e2m1_pair_f16<1>(q), sv);
+        P[i][h][2] = f16_mul2(e2m1_pair_f16<2>(q), sv);
+        P[i][h][3] = f16_mul2(e2m1_pair_f16<3>(q), sv);
+      }
 #pragma unroll
     for (int b = 0; b < NB; ++b) {
       // Inputs 32 t + 8 wd .. + 7 of staged row 8 b + g, paired (i, i + 4) as the codes are.
       const uint4 r = *reinterpret_cast<const uint4*>(stage + (8 * b + g) * kStagedRowBytes + (wd * 4 + t) * 16);
-      mma_f16(acc[b], P[0][0], P[1][0], P[0][1], P[1][1], prmt(r.x, r.z, 0x5410), prmt(r.x, r.z, 0x7632));
-      mma_f16(acc[b], P[0][2], P[1][2], P[0][3], P[1][3], prmt(r.y, r.w, 0x5410), prmt(r.y, r.w, 0x7632));
+      const uint32_t b0 = prmt(r.x, r.z, 0x5410), b1 = prmt(r.x, r.z, 0x7632);
+      const uint32_t b2 = prmt(r.y, r.w, 0x5410), b3 = prmt(r.y, r.w, 0x7632);
+#pragma unroll
+      for (int i = 0; i < FT; ++i) {
+        mma_f16(acc[i][b], P[i][0][0], P[i][1][0], P[i][0][1], P[i][1][1], b0, b1);
+        mma_f16(acc[i][b], P[i][0][2], P[i][1][2], P[i][0][3], P[i][1][3], b2, b3);
+      }
     }
   }
 }
@@ -316,14 +328,14 @@ struct WeightStream {
 
 // A block's many-row product over steps s0 .. s0 + nsteps - 1 with D - 1 steps in flight: per step
 // every thread stages its share of the activations (stage(s, slot): cp.async into ring slot `slot`
-// of act, act_stage_bytes apart) and each warp its tile's codes (ws). Groups: the caller has
+// of act, act_stage_bytes apart) and each warp its FT tiles' codes (ws). Groups: the caller has
 // committed the weights of steps 0 .. D - 2 (one group each, before pdl_wait: they never change)
 // and then their activations; each iteration commits one group (both) for the step D - 1 ahead, so
 // step j is complete once at most D - 2 newer groups are in flight. Every thread of the block calls it.
-template <int NB, int D, typename Stage>
-__device__ __forceinline__ void staged_steps(const WeightStream<1, D>& ws, Stage&& stage, int s0, int nsteps,
+template <int NB, int FT, int D, typename Stage>
+__device__ __forceinline__ void staged_steps(const WeightStream<FT, D>& ws, Stage&& stage, int s0, int nsteps,
                                              const unsigned char* act, int act_stage_bytes, int g, int t,
-                                             float (&acc)[NB][4]) {
+                                             float (&acc)[FT][NB][4]) {
   for (int j = 0; j < nsteps; ++j) {
     cp_async_wait<D - 2>();
     __syncthreads();  // step j staged by every thread; step j - 1's slot read by every warp
@@ -333,10 +345,10 @@ __device__ __forceinline__ void staged_steps(const WeightStream<1, D>& ws, Stage
       stage(s0 + ahead, ahead % D);
     }
     cp_async_commit();
-    uint4 w[1][2];
-    uint32_t sc[1][2];
+    uint4 w[FT][2];
+    uint32_t sc[FT][2];
     ws.fetch(j % D, w, sc);
-    tile_step_staged<NB>(acc, w[0], sc[0], act + (j % D) * act_stage_bytes, g, t);
+    tile_step_staged<NB, FT>(acc, w, sc, act + (j % D) * act_stage_bytes, g, t);
   }
 }
 

@@ -182,8 +182,7 @@ void Model::project_into_residual(const Pass& pass, Residual& res, const Linear&
 
 void Model::product_fast(const Pass& pass, const Fp16Operand& x, const Linear& proj, float* out, int rows) {
   if (proj.w.format == WeightFormat::NvFp4 && rows <= kGemmNvfp4MaxRows) {  // codes read in place
-    launch_gemm_nvfp4(x, proj.w, out, rows, proj.n, proj.k, static_cast<float*>(nvfp4_expanded_), gemm_counters_,
-                      stream_);
+    launch_gemm_nvfp4(x, proj.w, out, rows, proj.n, proj.k, stream_);
     return;
   }
   launch_gemm_fast(x, gemm_weight(pass, proj), out, rows, proj.n, proj.k, pass.gemm, stream_);
@@ -229,7 +228,19 @@ void Model::run_experts(const Pass& pass, const MoeExperts& ex, const int32_t* p
     launch_moe_expert_gemv(moe_act_, ex, pair_expert, pairs, 1, false, y, stream_);
     return;
   }
-  if (pass.T <= kMoeTiledMaxRows && moe_tiled_gemv_supported(ex)) {  // each expert read once per 8 rows
+  // Up to kMoeTiledMaxRows tokens an expert has a few rows: tiles of 8 read it once per 8 rows.
+  const int tile_rows = pass.T <= kMoeTiledMaxRows ? kMoeGemvTileRows : kMoeTileRows;
+  if (x16 && moe_tiled_gemv_supported(ex)) {  // fast, NVFP4: codes read in place, one fp16 product
+    const int max_tiles = moe_max_tiles(pairs, ex.experts, tile_rows);
+    launch_moe_sort(pair_expert, pairs, ex.experts, tile_rows, moe_sorted_, moe_tiles_, stream_);
+    f16* act16 = reinterpret_cast<f16*>(moe_act_);
+    launch_moe_grouped_nvfp4(x16, x_scale, ex, moe_sorted_, moe_tiles_, max_tiles, tile_rows, top_k, true, act16,
+                             nullptr, stream_);
+    launch_moe_grouped_nvfp4(act16, 1.f, ex, moe_sorted_, moe_tiles_, max_tiles, tile_rows, 1, false, nullptr, y,
+                             stream_);
+    return;
+  }
+  if (pass.T <= kMoeTiledMaxRows && moe_tiled_gemv_supported(ex)) {  // exact, NVFP4: the expert GEMV's tiles
     const int max_tiles = moe_max_tiles(pairs, ex.experts, kMoeGemvTileRows);
     launch_moe_sort(pair_expert, pairs, ex.experts, kMoeGemvTileRows, moe_sorted_, moe_tiles_, stream_);
     launch_moe_expert_tiles(xn_, ex, moe_sorted_, moe_tiles_, max_tiles, top_k, true, moe_act_, stream_);
@@ -238,12 +249,6 @@ void Model::run_experts(const Pass& pass, const MoeExperts& ex, const int32_t* p
   }
   const int max_tiles = moe_max_tiles(pairs, ex.experts, kMoeTileRows);
   launch_moe_sort(pair_expert, pairs, ex.experts, kMoeTileRows, moe_sorted_, moe_tiles_, stream_);
-  if (x16 && moe_tiled_gemv_supported(ex)) {  // fast, NVFP4: codes read in place, one fp16 product
-    f16* act16 = reinterpret_cast<f16*>(moe_act_);
-    launch_moe_grouped_nvfp4(x16, x_scale, ex, moe_sorted_, moe_tiles_, max_tiles, top_k, true, act16, nullptr, stream_);
-    launch_moe_grouped_nvfp4(act16, 1.f, ex, moe_sorted_, moe_tiles_, max_tiles, 1, false, nullptr, y, stream_);
-    return;
-  }
   launch_moe_grouped(xn_, ex, moe_sorted_, moe_tiles_, max_tiles, top_k, true, !pass.fast, moe_act_, stream_);
   launch_moe_grouped(moe_act_, ex, moe_sorted_, moe_tiles_, max_tiles, 1, false, !pass.fast, y, stream_);
 }
@@ -266,9 +271,10 @@ void Model::moe_block(const Pass& pass, Residual& res, int layer) {
     launch_moe_top_k(moe_logits_, T, stride, E, K, cfg_.moe_normalize, moe_pair_experts_,
                      moe_pair_weights_, stream_);
   }
-  // Prompts, fast precision: the normalized rows once as the fp16 operand of the grouped products.
+  // Past the GEMV's rows, fast precision, NVFP4 experts: the normalized rows once as the fp16
+  // operand of the grouped products.
   const f16* x16 = nullptr;
-  if (T > kMoeTiledMaxRows && pass.fast && op16_) {
+  if (T > kGemvMaxRows && pass.fast && op16_ && moe_tiled_gemv_supported(lw.experts)) {
     launch_convert_to_f16(xn_, op16_, (int64_t)T * H, lw.mlp_norm_scale, stream_);
     x16 = op16_;
   }

@@ -140,11 +140,8 @@ void gemv_nvfp4(uintptr_t x, uintptr_t codes, uintptr_t block_scales, float glob
 
 void gemm_nvfp4(uintptr_t x16, float x_scale, uintptr_t codes, uintptr_t block_scales, float global_scale,
                 uintptr_t out, int rows, int n, int k) {
-  DeviceBuffer partials(gemm_nvfp4_partial_bytes(rows, n, k), "gemm_nvfp4 partials");
-  DeviceBuffer counters((size_t)gemm_nvfp4_counters(n) * 4, "gemm_nvfp4 counters");
-  HEARTH_CUDA(cudaMemset(counters.get(), 0, counters.bytes()));
   launch_gemm_nvfp4(Fp16Operand{P<const f16>(x16), x_scale, nullptr}, nvfp4_view(codes, block_scales, global_scale),
-                    P<float>(out), rows, n, k, partials.as<float>(), counters.as<int>(), 0);
+                    P<float>(out), rows, n, k, 0);
   sync();
 }
 
@@ -258,9 +255,6 @@ double gemm_nvfp4_seconds(uintptr_t x16, uintptr_t codes, uintptr_t block_scales
                           int k, int copies, int reps, bool expand) {
   const uint8_t* c = P<const uint8_t>(codes);
   const uint8_t* s = P<const uint8_t>(block_scales);
-  DeviceBuffer partials(gemm_nvfp4_partial_bytes(rows, n, k), "gemm_nvfp4 partials");
-  DeviceBuffer counters((size_t)gemm_nvfp4_counters(n) * 4, "gemm_nvfp4 counters");
-  HEARTH_CUDA(cudaMemset(counters.get(), 0, counters.bytes()));
   DeviceBuffer expanded(expand ? (size_t)n * k * 2 : 16, "nvfp4 expansion");
   DeviceBuffer lt(kLtWorkspaceBytes, "cuBLASLt workspace");
   const Fp16Operand op{P<const f16>(x16), 1.f, nullptr};
@@ -271,7 +265,7 @@ double gemm_nvfp4_seconds(uintptr_t x16, uintptr_t codes, uintptr_t block_scales
       const WeightView w16 = launch_nvfp4_expand(w, n, k, expanded.get(), true, 0);
       launch_gemm_fast(op, w16, P<float>(out), rows, n, k, GemmWork{nullptr, lt.get(), lt.bytes()}, 0);
     } else {
-      launch_gemm_nvfp4(op, w, P<float>(out), rows, n, k, partials.as<float>(), counters.as<int>(), 0);
+      launch_gemm_nvfp4(op, w, P<float>(out), rows, n, k, 0);
     }
   });
 }
@@ -354,13 +348,14 @@ std::pair<std::vector<int32_t>, std::vector<float>> moe_block(const MoeCheck& c)
     } else if (c.path == "grouped_nvfp4") {  // fast: the rows as fp16 (scale 1), act as fp16
       DeviceBuffer x16((size_t)c.rows * c.hidden * 2 + 16, "moe x16");
       launch_convert_to_f16(x, x16.as<f16>(), (int64_t)c.rows * c.hidden, 1.f, 0);
-      const int max_tiles = moe_max_tiles(n, ex.experts, kMoeTileRows);
-      launch_moe_sort(pair_expert, n, ex.experts, kMoeTileRows, sorted.as<int32_t>(), tiles.as<int32_t>(), 0);
+      const int tile_rows = c.rows <= kMoeTiledMaxRows ? kMoeGemvTileRows : kMoeTileRows;  // as the engine
+      const int max_tiles = moe_max_tiles(n, ex.experts, tile_rows);
+      launch_moe_sort(pair_expert, n, ex.experts, tile_rows, sorted.as<int32_t>(), tiles.as<int32_t>(), 0);
       f16* act16 = reinterpret_cast<f16*>(act.as<float>());
-      launch_moe_grouped_nvfp4(x16.as<f16>(), 1.f, ex, sorted.as<int32_t>(), tiles.as<int32_t>(), max_tiles, top_k,
-                               true, act16, nullptr, 0);
-      launch_moe_grouped_nvfp4(act16, 1.f, ex, sorted.as<int32_t>(), tiles.as<int32_t>(), max_tiles, 1, false,
-                               nullptr, out, 0);
+      launch_moe_grouped_nvfp4(x16.as<f16>(), 1.f, ex, sorted.as<int32_t>(), tiles.as<int32_t>(), max_tiles,
+                               tile_rows, top_k, true, act16, nullptr, 0);
+      launch_moe_grouped_nvfp4(act16, 1.f, ex, sorted.as<int32_t>(), tiles.as<int32_t>(), max_tiles, tile_rows, 1,
+                               false, nullptr, out, 0);
       sync();
     } else if (c.path == "tiled") {
       const int max_tiles = moe_max_tiles(n, ex.experts, kMoeGemvTileRows);

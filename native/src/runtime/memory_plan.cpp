@@ -121,9 +121,6 @@ MemoryPlan plan_memory(const ModelConfig& c, const CacheConfig& cache) {
   add("norm_partials", (size_t)kGemvMaxRows * H * 4);
   // NVFP4: one projection at a time expanded into 16 bits for the tensor-core product.
   add("nvfp4_expanded", c.nvfp4 ? largest_projection(c) * 2 : 0);
-  // NVFP4, fast, up to 64 rows: gemm_nvfp4's k-split counters (its partials use nvfp4_expanded).
-  const size_t widest_out = std::max({qkv, H, dense_layers ? 2 * I : 0});
-  add("gemm_counters", c.nvfp4 && fast ? (size_t)gemm_nvfp4_counters((int)widest_out) * 4 : 0);
   // NVFP4, fast, GEMV rows: the SwiGLU GEMV's per-block max |y| of each row, the down GEMV's scale.
   size_t swiglu_blocks = 0;
   for (int r = 1; r <= kGemvMaxRows; ++r) swiglu_blocks = std::max(swiglu_blocks, (size_t)gemv_nvfp4_blocks(r, (int)(2 * I)));

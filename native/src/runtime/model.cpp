@@ -152,9 +152,6 @@ void Model::allocate() {
   HEARTH_CUDA(cudaMemset(attn_counters_, 0, plan_part(plan, "attention_counters")));
   norm_parts_ = reinterpret_cast<float*>(part("norm_partials"));
   nvfp4_expanded_ = part("nvfp4_expanded");
-  gemm_counters_ = reinterpret_cast<int*>(part("gemm_counters"));
-  if (plan_part(plan, "gemm_counters")) HEARTH_CUDA(cudaMemset(gemm_counters_, 0, plan_part(plan, "gemm_counters")));
-  else gemm_counters_ = nullptr;
   gemv_amax_ = plan_part(plan, "gemv_amax") ? reinterpret_cast<float*>(part("gemv_amax")) : nullptr;
   auto moe_part = [&](const char* name) -> char* {  // null where the plan has none (dense models)
     char* r = part(name);

@@ -140,7 +140,7 @@ class Model {
   // nvfp4_expanded_ (fp16 for fast, bf16 for exact) with its global scale.
   WeightView gemm_weight(const Pass& pass, const Linear& proj);
   // The fast precision's product of many rows: cuBLASLt over the 16-bit weight, or an NVFP4 weight
-  // read in place up to kGemmNvfp4MaxRows rows (its k-split partials in nvfp4_expanded_).
+  // read in place up to kGemmNvfp4MaxRows rows.
   void product_fast(const Pass& pass, const Fp16Operand& x, const Linear& proj, float* out, int rows);
 
   void allocate();  // the plan's buffers and the workspace views
@@ -185,7 +185,6 @@ class Model {
   int32_t *moe_pair_experts_ = nullptr, *moe_sorted_ = nullptr, *moe_tiles_ = nullptr;
   int* moe_counters_ = nullptr;  // the fused route kernel's per-row counters, left zero
   int* attn_counters_;  // decode attention's per (row, head) piece counters, left zero
-  int* gemm_counters_ = nullptr;  // gemm_nvfp4's k-split counters (NVFP4, fast), left zero
   float* gemv_amax_ = nullptr;    // the fast SwiGLU GEMV's per-block row max |y| (NVFP4, fast)
   int32_t *meta_, *tokens_;
   SampleRow* sample_params_;
