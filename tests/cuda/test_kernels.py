@@ -38,7 +38,7 @@ def test_embedding(tokens, vocab, hidden):
     assert torch.equal(out, table[ids.long()].float())
 
 
-@pytest.mark.parametrize("rows,hidden", [(1, 64), (7, 1000), (33, 4096), (3, 577)])
+@pytest.mark.parametrize("rows,hidden", [(1, 64), (7, 1000), (5, 2048), (33, 4096), (2, 8192), (3, 577)])
 @pytest.mark.parametrize("with_delta", [False, True])
 def test_rmsnorm_residual(rows, hidden, with_delta):
     resid = torch.randn(rows, hidden, device="cuda")

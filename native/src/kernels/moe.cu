@@ -25,6 +25,8 @@
 // on the other rows of its path.
 #include <mma.h>
 
+#include <cub/block/block_scan.cuh>
+
 #include <algorithm>
 #include <climits>
 #include <type_traits>
@@ -429,11 +431,21 @@ __global__ void __launch_bounds__(kMmaWarps * 32, 4)
   }
 }
 
-// tiles[0] = the tile count, then (expert, first sorted position, rows) per tile.
-__global__ void moe_sort_kernel(const int32_t* __restrict__ pair_expert, int pairs, int experts, int tile_rows,
-                                int32_t* __restrict__ sorted, int32_t* __restrict__ tiles) {
+// tiles[0] = the tile count, then (expert, first sorted position, rows) per tile, by expert. Thread i
+// owns experts kSortExpertsPerThread * i ..: their first positions and first tiles come from two
+// block-wide prefix sums (CUB), so every thread writes its experts' tiles at once. Thread 0 walked
+// the experts alone before: 12.6 us a layer at batch 64 on Qwen3-30B-A3B (128 experts, H100).
+constexpr int kSortThreads = 1024;
+constexpr int kSortExpertsPerThread = 4;  // up to 4096 experts
+
+__global__ void __launch_bounds__(kSortThreads) moe_sort_kernel(const int32_t* __restrict__ pair_expert, int pairs,
+                                                                int experts, int tile_rows,
+                                                                int32_t* __restrict__ sorted,
+                                                                int32_t* __restrict__ tiles) {
   pdl_wait();
   pdl_launch_dependents();
+  using Scan = cub::BlockScan<int, kSortThreads>;
+  __shared__ typename Scan::TempStorage scan;
   extern __shared__ int shared_counts[];
   int* counts = shared_counts;
   int* cursor = shared_counts + experts;
@@ -441,19 +453,30 @@ __global__ void moe_sort_kernel(const int32_t* __restrict__ pair_expert, int pai
   __syncthreads();
   for (int p = threadIdx.x; p < pairs; p += blockDim.x) atomicAdd(&counts[pair_expert ? pair_expert[p] : 0], 1);
   __syncthreads();
-  if (threadIdx.x == 0) {
-    int offset = 0, t = 0;
-    for (int e = 0; e < experts; ++e) {
-      cursor[e] = offset;
-      for (int r = 0; r < counts[e]; r += tile_rows, ++t) {
-        tiles[1 + 3 * t] = e;
-        tiles[2 + 3 * t] = offset + r;
-        tiles[3 + 3 * t] = min(tile_rows, counts[e] - r);
-      }
-      offset += counts[e];
-    }
-    tiles[0] = t;
+  int count[kSortExpertsPerThread], tile_count[kSortExpertsPerThread];
+  int first[kSortExpertsPerThread], first_tile[kSortExpertsPerThread];
+#pragma unroll
+  for (int j = 0; j < kSortExpertsPerThread; ++j) {
+    const int e = threadIdx.x * kSortExpertsPerThread + j;
+    count[j] = e < experts ? counts[e] : 0;
+    tile_count[j] = (count[j] + tile_rows - 1) / tile_rows;
   }
+  Scan(scan).ExclusiveSum(count, first);
+  __syncthreads();  // the scan's storage is used again
+  int total_tiles = 0;
+  Scan(scan).ExclusiveSum(tile_count, first_tile, total_tiles);
+#pragma unroll
+  for (int j = 0; j < kSortExpertsPerThread; ++j) {
+    const int e = threadIdx.x * kSortExpertsPerThread + j;
+    if (e >= experts) break;
+    cursor[e] = first[j];
+    for (int r = 0, t = first_tile[j]; r < count[j]; r += tile_rows, ++t) {
+      tiles[1 + 3 * t] = e;
+      tiles[2 + 3 * t] = first[j] + r;
+      tiles[3 + 3 * t] = min(tile_rows, count[j] - r);
+    }
+  }
+  if (threadIdx.x == 0) tiles[0] = total_tiles;
   __syncthreads();
   // Positions within an expert follow the atomics' order; a row's products do not depend on it.
   for (int p = threadIdx.x; p < pairs; p += blockDim.x)
@@ -877,8 +900,9 @@ void launch_moe_expert_tiles(const float* x, const MoeExperts& ex, const int32_t
 
 void launch_moe_sort(const int32_t* pair_expert, int pairs, int experts, int tile_rows, int32_t* sorted,
                      int32_t* tiles, cudaStream_t stream) {
-  HEARTH_REQUIRE(experts > 0 && experts <= 4096 && pairs >= 0 && tile_rows > 0, "moe sort: bad sizes");
-  launch_pdl(moe_sort_kernel, 1, 1024, 2 * experts * sizeof(int), stream, pair_expert, pairs, experts, tile_rows,
+  HEARTH_REQUIRE(experts > 0 && experts <= kSortThreads * kSortExpertsPerThread && pairs >= 0 && tile_rows > 0,
+                 "moe sort: bad sizes");
+  launch_pdl(moe_sort_kernel, 1, kSortThreads, 2 * experts * sizeof(int), stream, pair_expert, pairs, experts, tile_rows,
              sorted, tiles);
   HEARTH_CHECK_LAUNCH("moe_sort_kernel");
 }

@@ -173,12 +173,19 @@ __device__ __forceinline__ void tile_step_f16(float (&acc)[FT][4], const uint4 (
 
 // ---- many rows: fp16 activations staged in shared memory, shared by a block's warps ----
 // A staged activation row holds one step (128 inputs, fp16) in 16 chunks of 8 inputs, chunk c at
-// slot (c % 4) * 4 + c / 4, rows 320 bytes apart: the 8 lanes of an LDS.128 phase (rows g, g + 1;
-// t = 0..3; one word wd) then read 8 distinct 16-byte bank groups.
-constexpr int kStagedRowBytes = 320;
+// slot (c % 4) * 4 + c / 4 (a lane's word wd, quad lane t, is slot 4 wd + t), rows 256 bytes apart,
+// odd rows with the slot's bit 2 flipped: the 8 lanes of an LDS.128 phase (rows g, g + 1; t = 0..3;
+// one word) then read both 64-byte halves of the 128 banks' bytes, 8 distinct 16-byte groups. Rows
+// 320 bytes apart did the same with a fifth of the stage unused: the 64-row stages then kept a
+// second block of the small-batch product off the multiprocessor.
+constexpr int kStagedRowBytes = 256;
+
+__device__ __forceinline__ int staged_slot_offset(int row, int slot) {
+  return row * kStagedRowBytes + ((slot ^ ((row & 1) << 2)) * 16);
+}
 
 __device__ __forceinline__ int staged_chunk_offset(int row, int chunk) {
-  return row * kStagedRowBytes + ((chunk & 3) * 4 + (chunk >> 2)) * 16;
+  return staged_slot_offset(row, (chunk & 3) * 4 + (chunk >> 2));
 }
 
 __device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
@@ -222,7 +229,7 @@ __device__ __forceinline__ void tile_step_staged(float (&acc)[FT][NB][4], const 
 #pragma unroll
     for (int b = 0; b < NB; ++b) {
       // Inputs 32 t + 8 wd .. + 7 of staged row 8 b + g, paired (i, i + 4) as the codes are.
-      const uint4 r = *reinterpret_cast<const uint4*>(stage + (8 * b + g) * kStagedRowBytes + (wd * 4 + t) * 16);
+      const uint4 r = *reinterpret_cast<const uint4*>(stage + staged_slot_offset(8 * b + g, wd * 4 + t));
       const uint32_t b0 = prmt(r.x, r.z, 0x5410), b1 = prmt(r.x, r.z, 0x7632);
       const uint32_t b2 = prmt(r.y, r.w, 0x5410), b3 = prmt(r.y, r.w, 0x7632);
 #pragma unroll
