@@ -28,7 +28,8 @@
 // Loads: a warp keeps its next D steps of codes and scales in flight (nvfp4_mma::WeightStream,
 // cp.async into shared memory), and issues its first D before pdl_wait(), while the kernel before
 // it still runs. The first tensor-core version loaded each step just before multiplying it (one
-// 16-byte load in flight per lane) and streamed 1.5 of the H200's 4.2 TB/s.
+// 16-byte load in flight per lane) and streamed 1.5 of the H200's 4.2 TB/s. The activations (and
+// the norm's weight) come from L2 one step ahead, in registers.
 #include "../common.cuh"
 #include "../launch.cuh"
 #include "gemv_params.cuh"
@@ -132,6 +133,29 @@ __global__ void __launch_bounds__(kThreads) gemv_nvfp4_kernel(GemvParams prm, co
 #pragma unroll
     for (int j = 0; j < 4; ++j) acc[i][j] = 0.f;
 
+  // A step's activations (and the norm's weight) for this lane: 32 floats of its batch row.
+  auto load_inputs = [&](int j, float4 (&xv)[8]) {
+    const int in0 = (warp + j * kWarps) * kStepInputs + 32 * t;
+    const bool ok = j < my_steps && in0 < k && has_x;  // k is a multiple of 32: a lane's 32 are all in or out
+    const float4* xp = reinterpret_cast<const float4*>(xr + in0);
+#pragma unroll
+    for (int q = 0; q < 8; ++q) xv[q] = ok ? __ldg(xp + q) : make_float4(0.f, 0.f, 0.f, 0.f);
+  };
+  auto load_norm = [&](int j, uint4 (&nv)[4]) {
+    const int in0 = (warp + j * kWarps) * kStepInputs + 32 * t;
+    const bool ok = j < my_steps && in0 < k && has_x;
+#pragma unroll
+    for (int q = 0; q < 4; ++q)
+      nv[q] = ok ? __ldg(reinterpret_cast<const uint4*>(prm.norm_weight + in0) + q) : make_uint4(0u, 0u, 0u, 0u);
+  };
+  // Step j + 1's inputs are requested before step j is multiplied: they come from L2, and a request
+  // issued at the top of its own step stalled the warp for the round trip (8B NVFP4 batch-1 decode
+  // step, H200: 3,701 -> 3,185 us; docs/BENCHMARKS.md).
+  float4 xnext[8];
+  uint4 nnext[4];
+  load_inputs(0, xnext);
+  if constexpr (NORM) load_norm(0, nnext);
+
   // Unrolled by the ring's depth, so each step's slot is a constant.
   for (int j0 = 0; j0 < my_steps; j0 += D) {
 #pragma unroll
@@ -139,28 +163,24 @@ __global__ void __launch_bounds__(kThreads) gemv_nvfp4_kernel(GemvParams prm, co
       const int j = j0 + slot;
       if (j >= my_steps) break;
       const int s = warp + j * kWarps;
-      const int in0 = s * kStepInputs + 32 * t;  // this lane's first input of the step
-      const bool ok = in0 < k;                    // k is a multiple of 32: a lane's 32 are all in or out
       float4 xv[8];
-      const float4* xp = reinterpret_cast<const float4*>(xr + in0);
+      uint4 nw4[4];
 #pragma unroll
-      for (int q = 0; q < 8; ++q) {
-        xv[q] = make_float4(0.f, 0.f, 0.f, 0.f);
-        if (ok && has_x) xv[q] = __ldg(xp + q);
-      }
+      for (int q = 0; q < 8; ++q) xv[q] = xnext[q];
+      load_inputs(j + 1, xnext);
       if constexpr (NORM) {  // the norm's weight; 1 / rms multiplies the finished sums
-        if (ok && has_x) {
 #pragma unroll
-          for (int q = 0; q < 4; ++q) {
-            const uint4 raw = __ldg(reinterpret_cast<const uint4*>(prm.norm_weight + in0) + q);
-            const __nv_bfloat162* nw = reinterpret_cast<const __nv_bfloat162*>(&raw);
-            const float2 n0 = __bfloat1622float2(nw[0]), n1 = __bfloat1622float2(nw[1]);
-            const float2 n2 = __bfloat1622float2(nw[2]), n3 = __bfloat1622float2(nw[3]);
-            float4& a = xv[2 * q];
-            float4& b = xv[2 * q + 1];
-            a = make_float4(a.x * n0.x, a.y * n0.y, a.z * n1.x, a.w * n1.y);
-            b = make_float4(b.x * n2.x, b.y * n2.y, b.z * n3.x, b.w * n3.y);
-          }
+        for (int q = 0; q < 4; ++q) nw4[q] = nnext[q];
+        load_norm(j + 1, nnext);
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          const __nv_bfloat162* nw = reinterpret_cast<const __nv_bfloat162*>(&nw4[q]);
+          const float2 n0 = __bfloat1622float2(nw[0]), n1 = __bfloat1622float2(nw[1]);
+          const float2 n2 = __bfloat1622float2(nw[2]), n3 = __bfloat1622float2(nw[3]);
+          float4& a = xv[2 * q];
+          float4& b = xv[2 * q + 1];
+          a = make_float4(a.x * n0.x, a.y * n0.y, a.z * n1.x, a.w * n1.y);
+          b = make_float4(b.x * n2.x, b.y * n2.y, b.z * n3.x, b.w * n3.y);
         }
       }
       nvfp4_mma::cp_async_wait<D - 1>();  // step j's group (D + j groups committed so far)
