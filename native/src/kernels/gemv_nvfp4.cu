@@ -133,28 +133,25 @@ __global__ void __launch_bounds__(kThreads) gemv_nvfp4_kernel(GemvParams prm, co
 #pragma unroll
     for (int j = 0; j < 4; ++j) acc[i][j] = 0.f;
 
-  // A step's activations (and the norm's weight) for this lane: 32 floats of its batch row.
-  auto load_inputs = [&](int j, float4 (&xv)[8]) {
+  // A step's inputs for this lane: 32 floats of its batch row and, with the norm, its weight there.
+  auto load_inputs = [&](int j, float4 (&xv)[8], uint4 (&nv)[4]) {
     const int in0 = (warp + j * kWarps) * kStepInputs + 32 * t;
     const bool ok = j < my_steps && in0 < k && has_x;  // k is a multiple of 32: a lane's 32 are all in or out
     const float4* xp = reinterpret_cast<const float4*>(xr + in0);
 #pragma unroll
     for (int q = 0; q < 8; ++q) xv[q] = ok ? __ldg(xp + q) : make_float4(0.f, 0.f, 0.f, 0.f);
-  };
-  auto load_norm = [&](int j, uint4 (&nv)[4]) {
-    const int in0 = (warp + j * kWarps) * kStepInputs + 32 * t;
-    const bool ok = j < my_steps && in0 < k && has_x;
+    if constexpr (NORM) {
+      const uint4* np = reinterpret_cast<const uint4*>(prm.norm_weight + in0);
 #pragma unroll
-    for (int q = 0; q < 4; ++q)
-      nv[q] = ok ? __ldg(reinterpret_cast<const uint4*>(prm.norm_weight + in0) + q) : make_uint4(0u, 0u, 0u, 0u);
+      for (int q = 0; q < 4; ++q) nv[q] = ok ? __ldg(np + q) : make_uint4(0u, 0u, 0u, 0u);
+    }
   };
   // Step j + 1's inputs are requested before step j is multiplied: they come from L2, and a request
   // issued at the top of its own step stalled the warp for the round trip (8B NVFP4 batch-1 decode
   // step, H200: 3,701 -> 3,185 us; docs/BENCHMARKS.md).
   float4 xnext[8];
   uint4 nnext[4];
-  load_inputs(0, xnext);
-  if constexpr (NORM) load_norm(0, nnext);
+  load_inputs(0, xnext, nnext);
 
   // Unrolled by the ring's depth, so each step's slot is a constant.
   for (int j0 = 0; j0 < my_steps; j0 += D) {
@@ -167,11 +164,10 @@ __global__ void __launch_bounds__(kThreads) gemv_nvfp4_kernel(GemvParams prm, co
       uint4 nw4[4];
 #pragma unroll
       for (int q = 0; q < 8; ++q) xv[q] = xnext[q];
-      load_inputs(j + 1, xnext);
-      if constexpr (NORM) {  // the norm's weight; 1 / rms multiplies the finished sums
 #pragma unroll
-        for (int q = 0; q < 4; ++q) nw4[q] = nnext[q];
-        load_norm(j + 1, nnext);
+      for (int q = 0; q < 4; ++q) nw4[q] = nnext[q];
+      load_inputs(j + 1, xnext, nnext);
+      if constexpr (NORM) {  // the norm's weight; 1 / rms multiplies the finished sums
 #pragma unroll
         for (int q = 0; q < 4; ++q) {
           const __nv_bfloat162* nw = reinterpret_cast<const __nv_bfloat162*>(&nw4[q]);
