@@ -691,11 +691,11 @@ def test_gemv_nvfp4_weights(rows, n, k):
     assert rel(out, x.double() @ value.T) < 1e-5
 
 
-@pytest.mark.parametrize("n,k", [(6144, 4096), (28672, 4096), (1001, 576), (100, 32)])
+@pytest.mark.parametrize("n,k", [(6144, 4096), (28672, 4096), (4096, 14336), (1001, 576), (100, 32)])
 def test_gemv_nvfp4_rows_do_not_depend_on_batch(n, k):
     """An NVFP4 GEMV row is bit-identical alone and among 2..8 rows (the launcher takes 2 or 4 tiles
     per warp by batch and width: 6144 and 28672 cross from 2 to 4, and the sums may not change with
-    it), and near float64."""
+    it; 4096, 1001 and 100 take 16 warps a block on a GPU of >= 128 SMs), and near float64."""
     t, codes, scales, value = _nvfp4_weight(n, k, seed=n + k)
     x = torch.randn(8, k, device="cuda")
     g = float(t.global_scale)

@@ -22,9 +22,9 @@
 // subnormal), the activation divided by a power of two that keeps it in fp16's range (after the
 // norm: the load-time bound; else the row's max |x|, from its producer's per-block partials, which
 // the SwiGLU epilogue leaves), as the fast cuBLASLt product takes them.
-// The 8 warps of a block split the steps (warp w takes steps w, w + 8, ...) and add their partial
-// sums in warp order: a row's result depends on (n, k) alone, not on the batch or on FT, so batched
-// decoding equals unbatched decoding.
+// The W warps of a block (8, or 16 where the blocks do not fill the GPU: warps_per_block) split the
+// steps (warp w takes steps w, w + W, ...) and add their partial sums in warp order: a row's result
+// depends on (n, k) alone, not on the batch or on FT, so batched decoding equals unbatched decoding.
 // Loads: a warp keeps its next D steps of codes and scales in flight (nvfp4_mma::WeightStream,
 // cp.async into shared memory), and issues its first D before pdl_wait(), while the kernel before
 // it still runs. The first tensor-core version loaded each step just before multiplying it (one
@@ -40,16 +40,14 @@ namespace hearth {
 
 namespace {
 
-constexpr int kWarps = 8;
-constexpr int kThreads = kWarps * 32;
 using nvfp4_mma::kStepInputs;
 
 // Steps in flight per warp: 2 (a lane already copies 2-4 chunks per step).
 constexpr int kRingDepth = 2;
 template <int FT>
 using Stream = nvfp4_mma::WeightStream<FT, kRingDepth>;
-template <int FT>
-constexpr int ring_bytes() { return kWarps * Stream<FT>::kWarpBytes; }
+template <int FT, int W>
+constexpr int ring_bytes() { return W * Stream<FT>::kWarpBytes; }
 
 // The weight row that half h (0: mma rows 0-7, 1: rows 8-15) of tile `tile` gives lane group g.
 // Plain: 16 consecutive rows per tile. Paired modes: the tile's 8 pairs, first members in rows
@@ -66,19 +64,20 @@ __device__ __forceinline__ int tile_row(int tile, int g, int h, int n, int half)
   }
 }
 
-template <int FT, int MODE, bool FAST>
-__global__ void __launch_bounds__(kThreads) gemv_nvfp4_kernel(GemvParams prm, const uint8_t* __restrict__ block_scales,
+template <int FT, int W, int MODE, bool FAST>
+__global__ void __launch_bounds__(W * 32) gemv_nvfp4_kernel(GemvParams prm, const uint8_t* __restrict__ block_scales,
                                                               int rows) {
   constexpr bool SWIGLU = MODE & kModeSwiglu, NORM = MODE & kModeNorm, RESID = MODE & kModeResidual;
   constexpr bool ROPE = MODE & kModeRope;
   constexpr int kFeatures = 16 * FT;  // mma rows per block
   constexpr int D = kRingDepth;
+  constexpr int kWarps = W, kThreads = W * 32;
   extern __shared__ __align__(16) unsigned char ring[];
   const int n = prm.n, k = prm.k;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int g = lane >> 2, t = lane & 3;
   const int steps = (k + kStepInputs - 1) / kStepInputs;
-  const int my_steps = warp < steps ? (steps - 1 - warp) / kWarps + 1 : 0;  // steps warp, warp + 8, ...
+  const int my_steps = warp < steps ? (steps - 1 - warp) / kWarps + 1 : 0;  // steps warp, warp + W, ...
   const int half = ROPE ? prm.rope.head_dim / 2 : 1;
 
   Stream<FT> ws;
@@ -263,41 +262,57 @@ __global__ void __launch_bounds__(kThreads) gemv_nvfp4_kernel(GemvParams prm, co
   }
 }
 
+// Warps a block: 16 where the weight's 2-tile blocks (32 rows each) do not outnumber the SMs, else 8.
+// There each SM holds one block, and 8 warps left 2 a scheduler to hide the ring's latency; 16 split k
+// twice as finely (8B down at one row 22.3 -> 16.8 us; the decode step 8B -2.4 to -2.8 %, 1B -4 to
+// -8 %, H100 and H200; docs/BENCHMARKS.md). Where the blocks outnumber the SMs, 16 (or 12) warps lost:
+// a 512-thread block takes a whole SM's registers (8B qkv: 192 blocks in two waves; the step +10 %).
+// It depends on n alone, never on the rows (the sums' order follows the warps).
+int warps_per_block(int n) {
+  static const int sms = device_attribute(cudaDevAttrMultiProcessorCount, 132);  // one GPU
+  return (n + 31) / 32 <= sms ? 16 : 8;
+}
+
 // Tiles per warp (16 weight rows each): 2, or 4 where a wide weight meets several rows, so the
 // activations' conversion (once per warp) is shared by more rows. Measured over 1, 2 and 4 on the
 // 8B's projections (docs/BENCHMARKS.md, H200 and H100): 2 win or tie from one row everywhere but o
 // at 1-2 rows (1 tile, 5 % faster, dropped for one kernel less); 4 win for gate_up (28672) at 4-8
-// rows and qkv (6144) at 8 (one tile per warp up to 4 rows lost up to 42 %).
-int tiles_per_warp(int rows, int n) { return (n >= 16384 && rows >= 4) || (n >= 6144 && rows >= 8) ? 4 : 2; }
+// rows and qkv (6144) at 8 (one tile per warp up to 4 rows lost up to 42 %). Always 2 at 16 warps
+// a block (4 tiles would exceed 128 registers), so a weight's warps, and a row's sums, stay the
+// same at any batch.
+int tiles_per_warp(int rows, int n) {
+  if (warps_per_block(n) == 16) return 2;
+  return (n >= 16384 && rows >= 4) || (n >= 6144 && rows >= 8) ? 4 : 2;
+}
 
-template <int FT, int MODE, bool FAST>
+template <int FT, int W, int MODE, bool FAST>
 void launch_precision(const GemvParams& prm, const uint8_t* scales, int rows, cudaStream_t stream) {
   const int blocks = (prm.n + 16 * FT - 1) / (16 * FT);
   // The ring is dynamic shared memory; with the static arrays it may pass the default 48 KB.
   static const bool sized = [] {
-    HEARTH_CUDA(cudaFuncSetAttribute(gemv_nvfp4_kernel<FT, MODE, FAST>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                     ring_bytes<FT>()));
+    HEARTH_CUDA(cudaFuncSetAttribute(gemv_nvfp4_kernel<FT, W, MODE, FAST>,
+                                     cudaFuncAttributeMaxDynamicSharedMemorySize, ring_bytes<FT, W>()));
     return true;
   }();
   (void)sized;
-  launch_pdl(gemv_nvfp4_kernel<FT, MODE, FAST>, blocks, kThreads, ring_bytes<FT>(), stream, prm, scales, rows);
+  launch_pdl(gemv_nvfp4_kernel<FT, W, MODE, FAST>, blocks, W * 32, ring_bytes<FT, W>(), stream, prm, scales, rows);
 }
 
-template <int FT, int MODE>
+template <int FT, int W, int MODE>
 void launch_kernel(const GemvParams& prm, const uint8_t* scales, int rows, cudaStream_t stream) {
-  if (prm.fast) launch_precision<FT, MODE, true>(prm, scales, rows, stream);
-  else launch_precision<FT, MODE, false>(prm, scales, rows, stream);
+  if (prm.fast) launch_precision<FT, W, MODE, true>(prm, scales, rows, stream);
+  else launch_precision<FT, W, MODE, false>(prm, scales, rows, stream);
 }
 
-template <int FT>
+template <int FT, int W>
 void launch_tiles(const GemvParams& prm, const uint8_t* scales, int rows, int mode, cudaStream_t stream) {
   switch (mode) {
-    case 0: launch_kernel<FT, 0>(prm, scales, rows, stream); break;
-    case kModeSwiglu: launch_kernel<FT, kModeSwiglu>(prm, scales, rows, stream); break;
-    case kModeNorm: launch_kernel<FT, kModeNorm>(prm, scales, rows, stream); break;
-    case kModeNorm | kModeSwiglu: launch_kernel<FT, kModeNorm | kModeSwiglu>(prm, scales, rows, stream); break;
-    case kModeResidual: launch_kernel<FT, kModeResidual>(prm, scales, rows, stream); break;
-    case kModeNorm | kModeRope: launch_kernel<FT, kModeNorm | kModeRope>(prm, scales, rows, stream); break;
+    case 0: launch_kernel<FT, W, 0>(prm, scales, rows, stream); break;
+    case kModeSwiglu: launch_kernel<FT, W, kModeSwiglu>(prm, scales, rows, stream); break;
+    case kModeNorm: launch_kernel<FT, W, kModeNorm>(prm, scales, rows, stream); break;
+    case kModeNorm | kModeSwiglu: launch_kernel<FT, W, kModeNorm | kModeSwiglu>(prm, scales, rows, stream); break;
+    case kModeResidual: launch_kernel<FT, W, kModeResidual>(prm, scales, rows, stream); break;
+    case kModeNorm | kModeRope: launch_kernel<FT, W, kModeNorm | kModeRope>(prm, scales, rows, stream); break;
     default: throw std::invalid_argument("gemv: unsupported combination of fusions");
   }
 }
@@ -314,8 +329,9 @@ void launch_gemv_nvfp4(const GemvParams& prm, const uint8_t* block_scales, int r
   HEARTH_REQUIRE(block_scales, "gemv: an NVFP4 weight needs its block scales");
   HEARTH_REQUIRE(rows >= 1 && rows <= kGemvMaxRows && prm.k % 32 == 0, "gemv: bad NVFP4 shape");
   HEARTH_REQUIRE(!(mode & kModeRope) || rows <= kGemvRopeMaxRows, "gemv: rope fusion takes <= 4 rows");
-  if (tiles_per_warp(rows, prm.n) == 4) launch_tiles<4>(prm, block_scales, rows, mode, stream);
-  else launch_tiles<2>(prm, block_scales, rows, mode, stream);
+  if (tiles_per_warp(rows, prm.n) == 4) launch_tiles<4, 8>(prm, block_scales, rows, mode, stream);
+  else if (warps_per_block(prm.n) == 16) launch_tiles<2, 16>(prm, block_scales, rows, mode, stream);
+  else launch_tiles<2, 8>(prm, block_scales, rows, mode, stream);
   HEARTH_CHECK_LAUNCH("gemv_nvfp4_kernel");
 }
 
