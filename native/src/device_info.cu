@@ -40,6 +40,11 @@ int device_attribute(cudaDeviceAttr attr, int fallback) {
   return value;
 }
 
+int sm_count() {
+  static const int sms = device_attribute(cudaDevAttrMultiProcessorCount, 132);  // one GPU
+  return sms;
+}
+
 bool pdl_enabled() {
   static const int major = device_attribute(cudaDevAttrComputeCapabilityMajor, 0);  // one GPU
   return major >= 9;

@@ -38,6 +38,9 @@ bool pdl_enabled();
 // An attribute of the current device, or `fallback` where the runtime cannot say (no device).
 int device_attribute(cudaDeviceAttr attr, int fallback);
 
+// The (one) GPU's SM count, read once (132 where the runtime cannot say).
+int sm_count();
+
 // kernel<<<grid, block, smem, stream>>>(args...), with the PDL attribute where enabled, in
 // thread-block clusters of `cluster` blocks where that is more than one (sm_90). The caller checks
 // the launch with HEARTH_CHECK_LAUNCH as for any launch.

@@ -201,12 +201,6 @@ void launch_decode_attention_grouped(int group, dim3 grid, cudaStream_t stream,
   launch(decode_attention_kernel<HD, 1, 1>);
 }
 
-// The SM count of the (one) GPU, read once.
-static int sm_count() {
-  static const int sms = device_attribute(cudaDevAttrMultiProcessorCount, 132);  // one GPU
-  return sms;
-}
-
 int decode_attention_group(int rows, int heads, int kv_heads, int head_dim) {
   const int sms = sm_count();
   if (head_dim > 128 || (long long)rows * heads < 2LL * sms) return 1;

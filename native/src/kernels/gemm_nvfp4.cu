@@ -176,7 +176,7 @@ const std::array<int, kMaxSlices + 1>& concurrent_clusters() {
     int per_sm = 0;
     HEARTH_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, gemm_nvfp4_kernel<NB, FT>, kThreads,
                                                               Layout<NB, FT>::kBytes));
-    c[1] = per_sm * device_attribute(cudaDevAttrMultiProcessorCount, 132);
+    c[1] = per_sm * sm_count();
     if (device_attribute(cudaDevAttrClusterLaunch, 0) == 0) return c;
     for (int s = 2; s <= kMaxSlices; ++s) {
       const dim3 cluster(1, s, 1);

@@ -268,10 +268,7 @@ __global__ void __launch_bounds__(W * 32) gemv_nvfp4_kernel(GemvParams prm, cons
 // -8 %, H100 and H200; docs/BENCHMARKS.md). Where the blocks outnumber the SMs, 16 (or 12) warps lost:
 // a 512-thread block takes a whole SM's registers (8B qkv: 192 blocks in two waves; the step +10 %).
 // It depends on n alone, never on the rows (the sums' order follows the warps).
-int warps_per_block(int n) {
-  static const int sms = device_attribute(cudaDevAttrMultiProcessorCount, 132);  // one GPU
-  return (n + 31) / 32 <= sms ? 16 : 8;
-}
+int warps_per_block(int n) { return (n + 31) / 32 <= sm_count() ? 16 : 8; }
 
 // Tiles per warp (16 weight rows each): 2, or 4 where a wide weight meets several rows, so the
 // activations' conversion (once per warp) is shared by more rows. Measured over 1, 2 and 4 on the
