@@ -8,9 +8,9 @@
 //     test_decode_attention_latency, H200);
 //   - a row's keys are cut into pieces of split_len (>= 256 keys, chosen from the row's kv_len
 //     alone), so a long context spreads over many blocks;
-//   - block (head group, row, z) takes pieces z, z + Z, ... (Z = gridDim.z, fewer when many rows x
-//     groups already fill the GPU), 8 warps x 32 keys at a time, and writes each piece's (max,
-//     sum, unnormalized output) per head;
+//   - block (head group, row, z) takes pieces z, z + Z, ... (Z = gridDim.z: as many as one wave of
+//     blocks holds, decode_attention_grid_splits), 8 warps x 32 keys at a time, and writes each
+//     piece's (max, sum, unnormalized output) per head;
 //   - the block that completes a (row, group)'s last piece, found with an atomic counter, merges
 //     the pieces into out = softmax(q k^T * scale) v, fp32, in piece order. A row of one piece is
 //     written directly.
@@ -212,13 +212,17 @@ int decode_attention_group(int rows, int heads, int kv_heads, int head_dim) {
   return 1;
 }
 
-int decode_attention_grid_splits(int rows, int heads, int max_splits) {
-  const int sms = sm_count();
-  // About four blocks per SM in all; more pieces than blocks are walked by each block in turn.
-  const long long want = (4LL * sms + (long long)rows * heads - 1) / ((long long)rows * heads);
-  int z = 1;
-  while (z < want && z < max_splits) z *= 2;
-  return std::min(z, max_splits);
+int decode_attention_grid_splits(int rows, int blocks_x, int group, int max_splits) {
+  // As many blocks per (row, head group) as one wave holds beside the others (the one-head kernel
+  // takes an SM: 163 registers at head size 128; the grouped kernel two), at least 1; more pieces
+  // than blocks are walked by each block in turn. The rule before (about four blocks an SM, rounded
+  // up to a power of two) launched 1,024 blocks at batch 1, nearly all empty at short contexts, and
+  // at 4,096 keys queued its 512 working blocks in four rounds: one wave took 8B batch 1 at 4,096
+  // keys from 40.3 to 33.9 us, the same at 256 keys (8.2 / 8.3) and at 64 rows x 144 keys (46.8;
+  // H100, test_decode_attention_latency; docs/BENCHMARKS.md).
+  const long long per_sm = group > 1 ? 2 : 1;
+  const long long z = per_sm * sm_count() / ((long long)rows * blocks_x);
+  return (int)std::max(1LL, std::min<long long>(z, max_splits));
 }
 
 void launch_decode_attention(const PagedAttention& p, int split_len, int max_splits,
@@ -232,7 +236,7 @@ void launch_decode_attention(const PagedAttention& p, int split_len, int max_spl
   if (p.rows == 0) return;
   const int group = decode_attention_group(p.rows, p.heads, p.kv_heads, p.head_dim);
   const int blocks_x = p.heads / group;
-  dim3 grid(blocks_x, p.rows, decode_attention_grid_splits(p.rows, blocks_x, max_splits));
+  dim3 grid(blocks_x, p.rows, decode_attention_grid_splits(p.rows, blocks_x, group, max_splits));
   HEARTH_DISPATCH_HEAD_DIM(p.head_dim, {
     launch_decode_attention_grouped<HD>(group, grid, stream, p, split_len, max_splits, partial_ml,
                                         partial_acc, counters);
