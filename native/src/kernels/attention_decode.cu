@@ -34,6 +34,8 @@ namespace hearth {
 constexpr int kDecodeWarps = 8;
 constexpr int kMinSplitLen = kDecodeWarps * 32;  // one chunk of 32 keys per warp
 constexpr int kMaxGroup = 4;                      // query heads per block at most
+// Blocks a multiprocessor holds: the kernels' launch bounds, and the grid's wave (grid_splits).
+constexpr int kGroupedBlocksPerSm = 2, kOneHeadBlocksPerSm = 1;
 
 // The piece length of a row: `split_len` when given (> 0), else chosen from the row's own kv_len
 // (at least kMinSplitLen keys, at most max_splits pieces), so a captured graph needs no host-side
@@ -193,12 +195,12 @@ void launch_decode_attention_grouped(int group, dim3 grid, cudaStream_t stream,
                partial_acc, counters);
   };
   if constexpr (HD <= 128) {
-    if (group == 2) return launch(decode_attention_kernel<HD, 2, 2>);
-    if (group == 3) return launch(decode_attention_kernel<HD, 3, 2>);
-    if (group == 4) return launch(decode_attention_kernel<HD, 4, 2>);
+    if (group == 2) return launch(decode_attention_kernel<HD, 2, kGroupedBlocksPerSm>);
+    if (group == 3) return launch(decode_attention_kernel<HD, 3, kGroupedBlocksPerSm>);
+    if (group == 4) return launch(decode_attention_kernel<HD, 4, kGroupedBlocksPerSm>);
   }
   HEARTH_REQUIRE(group == 1, "decode_attention: unsupported head group");
-  launch(decode_attention_kernel<HD, 1, 1>);
+  launch(decode_attention_kernel<HD, 1, kOneHeadBlocksPerSm>);
 }
 
 int decode_attention_group(int rows, int heads, int kv_heads, int head_dim) {
@@ -220,7 +222,7 @@ int decode_attention_grid_splits(int rows, int blocks_x, int group, int max_spli
   // at 4,096 keys queued its 512 working blocks in four rounds: one wave took 8B batch 1 at 4,096
   // keys from 40.3 to 33.9 us, the same at 256 keys (8.2 / 8.3) and at 64 rows x 144 keys (46.8;
   // H100, test_decode_attention_latency; docs/BENCHMARKS.md).
-  const long long per_sm = group > 1 ? 2 : 1;
+  const long long per_sm = group > 1 ? kGroupedBlocksPerSm : kOneHeadBlocksPerSm;
   const long long z = per_sm * sm_count() / ((long long)rows * blocks_x);
   return (int)std::max(1LL, std::min<long long>(z, max_splits));
 }
