@@ -16,17 +16,16 @@
 // Narrow grids split k over the blocks of a thread-block cluster (Hopper): each block leaves its
 // sums in its own shared memory, and after a cluster barrier block r adds rows r, r + S, ... of
 // the tile over the S slices in slice order, reading the others' shared memory (DSMEM), so the
-// result does not depend on timing and no partial sums go through global memory. The first
+// result does not depend on timing and no partial sums go through global memory (cluster_split.cuh,
+// shared with gemm_nvfp4_wgmma.cu). The first
 // version split k through global partials that the column's last block added up alone; at 64 rows
 // that tail and the partials' traffic (slices x rows x n x 8 bytes) took most of its time.
 // Devices without clusters (before sm_90) run one slice.
-#include <cooperative_groups.h>
-
-#include <algorithm>
 #include <array>
 
 #include "../common.cuh"
 #include "../launch.cuh"
+#include "cluster_split.cuh"
 #include "kernels.h"
 #include "nvfp4_mma.cuh"
 
@@ -37,7 +36,7 @@ namespace {
 constexpr int kWarps = 8;
 constexpr int kThreads = kWarps * 32;
 constexpr int kDepth = 3;
-constexpr int kMaxSlices = 8;  // the portable cluster size
+using cluster_split::kMaxSlices;
 using nvfp4_mma::kStagedRowBytes;
 using nvfp4_mma::kStepInputs;
 
@@ -131,8 +130,6 @@ __global__ void __launch_bounds__(kThreads) gemm_nvfp4_kernel(const f16* __restr
     return;
   }
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  namespace cg = cooperative_groups;
-  cg::cluster_group cluster = cg::this_cluster();
   cp_async_wait<0>();
   __syncthreads();  // every warp is past its last read of the rings: the sums reuse that memory
   float* sums = reinterpret_cast<float*>(smem);
@@ -143,61 +140,14 @@ __global__ void __launch_bounds__(kThreads) gemm_nvfp4_kernel(const f16* __restr
 #pragma unroll
       for (int q = 0; q < 4; ++q)
         sums[(8 * b + 2 * t + (q & 1)) * L::kSumStride + warp_row0 + 16 * i + g + 8 * (q >> 1)] = acc[i][b][q];
-  cluster.sync();  // every slice's sums are in its block's shared memory
-  const int S = (int)gridDim.y;
-  constexpr int kQuads = L::kBlockRows / 4;
-  for (int m = slice; m < rows; m += S)
-    for (int c = threadIdx.x; c < kQuads; c += kThreads) {
-      float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
-      for (int sl = 0; sl < S; ++sl) {  // in slice order
-        const float4 p = *reinterpret_cast<const float4*>(cluster.map_shared_rank(sums, sl) + m * L::kSumStride + 4 * c);
-        v.x += p.x;
-        v.y += p.y;
-        v.z += p.z;
-        v.w += p.w;
-      }
-      const float r[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-      for (int j = 0; j < 4; ++j)
-        if (tile0 + 4 * c + j < n) out[(size_t)m * n + tile0 + 4 * c + j] = r[j] * scale;
-    }
-  cluster.sync();  // no block leaves while another still reads its shared memory
+  cluster_split::add_slices<kThreads>(sums, L::kSumStride, L::kBlockRows, slice, rows, n, tile0, scale, out);
 #endif
 }
 
-// Clusters of s blocks (s = 1 .. kMaxSlices) that run at once on this device (s = 1: blocks);
-// 0 where the device has no clusters.
 template <int NB, int FT>
 const std::array<int, kMaxSlices + 1>& concurrent_clusters() {
-  static const std::array<int, kMaxSlices + 1> counts = [] {
-    HEARTH_CUDA(cudaFuncSetAttribute(gemm_nvfp4_kernel<NB, FT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                     Layout<NB, FT>::kBytes));
-    std::array<int, kMaxSlices + 1> c{};
-    int per_sm = 0;
-    HEARTH_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, gemm_nvfp4_kernel<NB, FT>, kThreads,
-                                                              Layout<NB, FT>::kBytes));
-    c[1] = per_sm * sm_count();
-    if (device_attribute(cudaDevAttrClusterLaunch, 0) == 0) return c;
-    for (int s = 2; s <= kMaxSlices; ++s) {
-      const dim3 cluster(1, s, 1);
-      cudaLaunchAttribute attr{};
-      attr.id = cudaLaunchAttributeClusterDimension;
-      attr.val.clusterDim.x = cluster.x;
-      attr.val.clusterDim.y = cluster.y;
-      attr.val.clusterDim.z = cluster.z;
-      cudaLaunchConfig_t config = {};
-      config.gridDim = cluster;
-      config.blockDim = dim3(kThreads);
-      config.dynamicSmemBytes = Layout<NB, FT>::kBytes;
-      config.attrs = &attr;
-      config.numAttrs = 1;
-      if (cudaOccupancyMaxActiveClusters(&c[s], gemm_nvfp4_kernel<NB, FT>, &config) != cudaSuccess) {
-        (void)cudaGetLastError();  // this size cannot launch: leave it out
-        c[s] = 0;
-      }
-    }
-    return c;
-  }();
+  static const auto counts =
+      cluster_split::concurrent_clusters(gemm_nvfp4_kernel<NB, FT>, kThreads, Layout<NB, FT>::kBytes);
   return counts;
 }
 
@@ -207,13 +157,8 @@ void launch_tiles(const Fp16Operand& x, const WeightView& w, float* out, int row
   using L = Layout<NB, FT>;
   const int blocks = (n + L::kBlockRows - 1) / L::kBlockRows;
   const int steps = (k + kStepInputs - 1) / kStepInputs;
-  // The most k slices whose clusters still run every column at once: more blocks busy, one wave.
-  const auto& active = concurrent_clusters<NB, FT>();
-  int slices = 1;
-  for (int s = 2; s <= std::min(kMaxSlices, steps); ++s)
-    if (blocks <= active[s]) slices = s;
-  const int per = (steps + slices - 1) / slices;
-  slices = (steps + per - 1) / per;
+  int per = 0;
+  const int slices = cluster_split::slices_for(blocks, steps, concurrent_clusters<NB, FT>(), &per);
   launch_pdl_cluster(gemm_nvfp4_kernel<NB, FT>, dim3(blocks, slices), kThreads, L::kBytes, dim3(1, slices, 1),
                      stream, x.data, static_cast<const uint8_t*>(w.data), w.block_scales, rows, n, k, per,
                      x.scale * w.scale, out);

@@ -23,16 +23,14 @@
 // chunk) fill 512 contiguous bytes.
 //
 // Narrow grids split k over a cluster's blocks and add the slices in slice order from distributed
-// shared memory, as gemm_nvfp4.cu does (the result does not depend on timing).
-#include <cooperative_groups.h>
-
-#include <algorithm>
+// shared memory, as gemm_nvfp4.cu does (cluster_split.cuh; the result does not depend on timing).
 #include <array>
 #include <cstdlib>
 #include <cstring>
 
 #include "../common.cuh"
 #include "../launch.cuh"
+#include "cluster_split.cuh"
 #include "kernels.h"
 #include "nvfp4_mma.cuh"
 
@@ -48,7 +46,7 @@ constexpr int kThreads = 256;   // two warpgroups
 constexpr int kBlockRows = 256;  // weight rows a block: one a thread
 constexpr int kBatch = 64;       // the wgmma's m: the batch, padded
 constexpr int kStep = 64;        // inputs a step
-constexpr int kMaxSlices = 8;    // the portable cluster size
+using cluster_split::kMaxSlices;
 
 template <int D>
 struct Layout {
@@ -238,68 +236,22 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     return;
   }
-  namespace cg = cooperative_groups;
-  cg::cluster_group cluster = cg::this_cluster();
   cp_async_wait<0>();
   __syncthreads();  // every thread is past its last read of the rings: the sums reuse that memory
   float* sums = reinterpret_cast<float*>(smem);
 #pragma unroll
   for (int i = 0; i < 64; ++i)
     sums[(m0 + 8 * ((i >> 1) & 1)) * L::kSumStride + 128 * wg + 8 * (i >> 2) + 2 * t + (i & 1)] = acc[i];
-  cluster.sync();  // every slice's sums are in its block's shared memory
-  const int S = (int)gridDim.y;
-  constexpr int kQuads = kBlockRows / 4;
-  for (int m = slice; m < rows; m += S)
-    for (int c = tid; c < kQuads; c += kThreads) {
-      float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
-      for (int sl = 0; sl < S; ++sl) {  // in slice order
-        const float4 p = *reinterpret_cast<const float4*>(cluster.map_shared_rank(sums, sl) + m * L::kSumStride + 4 * c);
-        v.x += p.x;
-        v.y += p.y;
-        v.z += p.z;
-        v.w += p.w;
-      }
-      const float r[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-      for (int e = 0; e < 4; ++e)
-        if (tile0 + 4 * c + e < n) out[(size_t)m * n + tile0 + 4 * c + e] = r[e] * scale;
-    }
-  cluster.sync();  // no block leaves while another still reads its shared memory
+  cluster_split::add_slices<kThreads>(sums, L::kSumStride, kBlockRows, slice, rows, n, tile0, scale, out);
 #else
   __trap();  // launched only where the build has sm_90a code (gemm_nvfp4_wgmma_supported)
 #endif
 }
 
-// Clusters of s blocks (s = 1 .. kMaxSlices) that run at once (s = 1: blocks).
 template <int D>
 const std::array<int, kMaxSlices + 1>& concurrent_clusters() {
-  static const std::array<int, kMaxSlices + 1> counts = [] {
-    HEARTH_CUDA(cudaFuncSetAttribute(gemm_nvfp4_wgmma_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                     Layout<D>::kBytes));
-    std::array<int, kMaxSlices + 1> c{};
-    int per_sm = 0;
-    HEARTH_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, gemm_nvfp4_wgmma_kernel<D>, kThreads,
-                                                              Layout<D>::kBytes));
-    c[1] = per_sm * sm_count();
-    for (int s = 2; s <= kMaxSlices; ++s) {
-      cudaLaunchAttribute attr{};
-      attr.id = cudaLaunchAttributeClusterDimension;
-      attr.val.clusterDim.x = 1;
-      attr.val.clusterDim.y = s;
-      attr.val.clusterDim.z = 1;
-      cudaLaunchConfig_t config = {};
-      config.gridDim = dim3(1, s, 1);
-      config.blockDim = dim3(kThreads);
-      config.dynamicSmemBytes = Layout<D>::kBytes;
-      config.attrs = &attr;
-      config.numAttrs = 1;
-      if (cudaOccupancyMaxActiveClusters(&c[s], gemm_nvfp4_wgmma_kernel<D>, &config) != cudaSuccess) {
-        (void)cudaGetLastError();
-        c[s] = 0;
-      }
-    }
-    return c;
-  }();
+  static const auto counts =
+      cluster_split::concurrent_clusters(gemm_nvfp4_wgmma_kernel<D>, kThreads, Layout<D>::kBytes);
   return counts;
 }
 
@@ -307,12 +259,8 @@ template <int D>
 void launch_depth(const Fp16Operand& x, const WeightView& w, float* out, int rows, int n, int k, cudaStream_t stream) {
   const int blocks = (n + kBlockRows - 1) / kBlockRows;
   const int steps = k / kStep;
-  const auto& active = concurrent_clusters<D>();
-  int slices = 1;
-  for (int s = 2; s <= std::min(kMaxSlices, steps); ++s)
-    if (blocks * s <= active[1] && blocks <= active[s]) slices = s;
-  const int per = (steps + slices - 1) / slices;
-  slices = (steps + per - 1) / per;
+  int per = 0;
+  const int slices = cluster_split::slices_for(blocks, steps, concurrent_clusters<D>(), &per);
   launch_pdl_cluster(gemm_nvfp4_wgmma_kernel<D>, dim3(blocks, slices), kThreads, Layout<D>::kBytes,
                      dim3(1, slices, 1), stream, x.data, static_cast<const uint8_t*>(w.data), w.block_scales, rows,
                      n, k, per, x.scale * w.scale, out);
