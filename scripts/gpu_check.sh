@@ -14,8 +14,7 @@ KEXPR=${2:-}
 OUT=${OUT:-$PWD/gpu-out}
 MODELS=${HEARTH_CUDA_MODELS:-/tmp/hearth-models}
 export HEARTH_CUDA_MODELS=$MODELS PYTHONUNBUFFERED=1
-# 90a: Hopper's sm_90 with its wgmma instructions (the opt-in gemm_nvfp4_wgmma.cu runs only in such a build).
-export HEARTH_CUDA_ARCHITECTURES=${HEARTH_CUDA_ARCHITECTURES:-90a}
+export HEARTH_CUDA_ARCHITECTURES=${HEARTH_CUDA_ARCHITECTURES:-90}
 mkdir -p "$OUT" "$MODELS"
 summary=()
 

@@ -271,12 +271,10 @@ void bind_runtime(py::module_& m) {
         py::arg("global_scale"), py::arg("out"), py::arg("rows"), py::arg("n"), py::arg("k"),
         py::arg("fast") = false, py::arg("x_scale") = 1.f, py::arg("x_amax") = 0, py::arg("x_amax_count") = 0);
   k.def("gemm_nvfp4", &c::gemm_nvfp4, release(), py::arg("x16"), py::arg("x_scale"), py::arg("codes"),
-        py::arg("block_scales"), py::arg("global_scale"), py::arg("out"), py::arg("rows"), py::arg("n"), py::arg("k"),
-        py::arg("path") = "auto");
-  k.def("gemm_nvfp4_wgmma_supported", &c::gemm_nvfp4_wgmma_supported, py::arg("rows"), py::arg("n"), py::arg("k"));
+        py::arg("block_scales"), py::arg("global_scale"), py::arg("out"), py::arg("rows"), py::arg("n"), py::arg("k"));
   k.def("gemm_nvfp4_seconds", &c::gemm_nvfp4_seconds, release(), py::arg("x16"), py::arg("codes"),
         py::arg("block_scales"), py::arg("out"), py::arg("rows"), py::arg("n"), py::arg("k"), py::arg("copies"),
-        py::arg("reps"), py::arg("expand"), py::arg("path") = "auto");
+        py::arg("reps"), py::arg("expand"));
   k.def("nvfp4_expand", &c::nvfp4_expand, release(), py::arg("codes"), py::arg("block_scales"),
         py::arg("out"), py::arg("n"), py::arg("k"), py::arg("fp16"));
   k.def("decode_attention_launch", &c::decode_attention_launch, release());

@@ -743,38 +743,24 @@ _GEMM_NVFP4_SHAPES = [(9, 1536, 576), (16, 4096, 4096), (17, 6144, 4096), (24, 1
                       (40, 4096, 14336), (64, 2000, 1024), (64, 28672, 4096)]
 
 
-@pytest.mark.parametrize("path", ["mma", "wgmma", "auto"])
 @pytest.mark.parametrize("rows,n,k", _GEMM_NVFP4_SHAPES)
-def test_gemm_nvfp4_small_batch(rows, n, k, path):
+def test_gemm_nvfp4_small_batch(rows, n, k):
     """The small-batch product reads NVFP4 codes in place (9-64 rows, one fp16 product): against
-    float64 over the same fp16 operand and dequantized weights, by each kernel (mma.sync: one 16-row
-    tile a warp up to 16 rows, or two; Hopper's wgmma, where this build and GPU have it; and the one
-    the product picks), k split over a cluster's blocks or not (the shapes above take 1 to 8 slices, n
-    not a multiple of the tile), every output written, and the same sums on a second launch."""
-    if path == "wgmma" and not K().gemm_nvfp4_wgmma_supported(rows, n, k):
-        pytest.skip("the wgmma kernel needs a build with sm_90a code, a compute capability 9.0 GPU, k % 64 == 0")
+    float64 over the same fp16 operand and dequantized weights, one 16-row tile a warp (up to 16
+    rows) or two, k split over a cluster's blocks or not (the shapes above take 1 to 8 slices, n not
+    a multiple of the tile), every output written, and the same sums on a second launch."""
     t, codes, scales, value = _nvfp4_weight(n, k, seed=rows + n)
     x = (torch.randn(rows, k, device="cuda") * 4096).half()  # the fast operand: scaled near fp16's top
     x_scale = 2.0 ** -12
     out = poison((rows, n), torch.float32)
-    K().gemm_nvfp4(ptr(x), x_scale, ptr(codes), ptr(scales), float(t.global_scale), ptr(out), rows, n, k, path)
+    K().gemm_nvfp4(ptr(x), x_scale, ptr(codes), ptr(scales), float(t.global_scale), ptr(out), rows, n, k)
     assert torch.isfinite(out).all()
     err = rel(out, (x.double() * x_scale) @ value.T)
-    print(f"\n[gemm nvfp4 {path} {rows}x{n}x{k}] rel {err:.2e}", end="")
+    print(f"\n[gemm nvfp4 {rows}x{n}x{k}] rel {err:.2e}", end="")
     assert err < 2e-5
     again = poison((rows, n), torch.float32)  # slices added in slice order: the same sums again
-    K().gemm_nvfp4(ptr(x), x_scale, ptr(codes), ptr(scales), float(t.global_scale), ptr(again), rows, n, k, path)
+    K().gemm_nvfp4(ptr(x), x_scale, ptr(codes), ptr(scales), float(t.global_scale), ptr(again), rows, n, k)
     assert torch.equal(again, out)
-
-
-def test_gemm_nvfp4_path_names():
-    """A path the product does not have is a clear error, not a silent fallback."""
-    x = torch.zeros(16, 64, device="cuda", dtype=torch.float16)
-    codes = torch.zeros(64 * 32, device="cuda", dtype=torch.uint8)
-    scales = torch.zeros(64 * 4, device="cuda", dtype=torch.uint8)
-    out = torch.empty(16, 64, device="cuda")
-    with pytest.raises(Exception, match="auto, mma or wgmma"):
-        K().gemm_nvfp4(ptr(x), 1.0, ptr(codes), ptr(scales), 1.0, ptr(out), 16, 64, 64, "cutlass")
 
 
 def test_gemv_nvfp4_bandwidth_8b_shapes():
@@ -820,15 +806,9 @@ def test_gemm_nvfp4_bandwidth():
         for rows in (16, 32, 64):
             x16 = (torch.randn(rows, k, device="cuda") * 4096).half()
             out = torch.empty(rows, n, device="cuda")
-            line = f"\n[gemm nvfp4 {name} {n}x{k} rows={rows}]"
-            for path in ("mma", "wgmma"):
-                if path == "wgmma" and not K().gemm_nvfp4_wgmma_supported(rows, n, k):
-                    continue
-                s = K().gemm_nvfp4_seconds(ptr(x16), ptr(codes), ptr(scales), ptr(out), rows, n, k, copies, 30, False,
-                                           path)
-                assert torch.isfinite(out).all()
-                line += f" {path} {s * 1e6:.1f} us ({per / s / 1e12:.2f} TB/s)"
-            print(line, end="")
+            s = K().gemm_nvfp4_seconds(ptr(x16), ptr(codes), ptr(scales), ptr(out), rows, n, k, copies, 30, False)
+            assert torch.isfinite(out).all()
+            print(f"\n[gemm nvfp4 {name} {n}x{k} rows={rows}] {s * 1e6:.1f} us ({per / s / 1e12:.2f} TB/s)", end="")
         del codes, scales
 
 

@@ -1,5 +1,5 @@
-// k split over the blocks of a thread-block cluster (Hopper), shared by the small-batch NVFP4 products
-// (gemm_nvfp4.cu, gemm_nvfp4_wgmma.cu): how many slices a grid takes, and the slices' sums added in
+// k split over the blocks of a thread-block cluster (Hopper), for the small-batch NVFP4 product
+// (gemm_nvfp4.cu): how many slices a grid takes, and the slices' sums added in
 // slice order from distributed shared memory, so the result does not depend on timing and no partial
 // sums go through global memory.
 #pragma once

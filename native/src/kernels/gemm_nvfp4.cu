@@ -16,8 +16,8 @@
 // Narrow grids split k over the blocks of a thread-block cluster (Hopper): each block leaves its
 // sums in its own shared memory, and after a cluster barrier block r adds rows r, r + S, ... of
 // the tile over the S slices in slice order, reading the others' shared memory (DSMEM), so the
-// result does not depend on timing and no partial sums go through global memory (cluster_split.cuh,
-// shared with gemm_nvfp4_wgmma.cu). The first
+// result does not depend on timing and no partial sums go through global memory (cluster_split.cuh).
+// The first
 // version split k through global partials that the column's last block added up alone; at 64 rows
 // that tail and the partials' traffic (slices x rows x n x 8 bytes) took most of its time.
 // Devices without clusters (before sm_90) run one slice.
@@ -172,8 +172,8 @@ void launch_tiles(const Fp16Operand& x, const WeightView& w, float* out, int row
 // (test_gemm_nvfp4_bandwidth), two were faster or level on every 8B and Qwen3-30B-A3B shape but the
 // 8B down at 32 rows (48.3 against 46.3 us); e.g. 8B qkv at 32 rows 26.6 -> 19.1 us, gate_up at 64
 // rows 108.5 -> 85.0, MoE o at 64 rows 18.8 -> 16.4.
-void launch_gemm_nvfp4_mma(const Fp16Operand& x, const WeightView& w, float* out, int rows, int n, int k,
-                           cudaStream_t stream) {
+void launch_gemm_nvfp4(const Fp16Operand& x, const WeightView& w, float* out, int rows, int n, int k,
+                       cudaStream_t stream) {
   HEARTH_REQUIRE(w.format == WeightFormat::NvFp4 && w.data && w.block_scales && x.data,
                  "gemm_nvfp4: needs an NVFP4 weight and the fp16 operand");
   HEARTH_REQUIRE(rows >= 1 && rows <= kGemmNvfp4MaxRows && n > 0 && k > 0 && k % 32 == 0,
@@ -181,18 +181,6 @@ void launch_gemm_nvfp4_mma(const Fp16Operand& x, const WeightView& w, float* out
   if (rows <= 16) launch_tiles<2, 1>(x, w, out, rows, n, k, stream);
   else if (rows <= 32) launch_tiles<4, 2>(x, w, out, rows, n, k, stream);
   else launch_tiles<8, 2>(x, w, out, rows, n, k, stream);
-}
-
-// The wgmma kernel (gemm_nvfp4_wgmma.cu) runs only where asked for with HEARTH_GEMM_WGMMA (a ring depth,
-// 4 or 6; read once) and supported: an A/B candidate written without a GPU to check it on, so it stays
-// off until measured against this kernel (docs/PERF_NOTES.md, NVFP4 item 3); then one of the two is
-// deleted with the switch.
-void launch_gemm_nvfp4(const Fp16Operand& x, const WeightView& w, float* out, int rows, int n, int k,
-                       cudaStream_t stream) {
-  if (gemm_nvfp4_wgmma_depth() > 0 && gemm_nvfp4_wgmma_supported(rows, n, k))
-    launch_gemm_nvfp4_wgmma(x, w, out, rows, n, k, stream);
-  else
-    launch_gemm_nvfp4_mma(x, w, out, rows, n, k, stream);
 }
 
 }  // namespace hearth

@@ -226,17 +226,6 @@ const char* gemm_backend_name();
 constexpr int kGemmNvfp4MaxRows = 64;
 void launch_gemm_nvfp4(const Fp16Operand& x, const WeightView& w, float* out, int rows, int n, int k,
                        cudaStream_t stream);
-// The mma.sync kernel alone (every GPU; launch_gemm_nvfp4 picks it or the wgmma one).
-void launch_gemm_nvfp4_mma(const Fp16Operand& x, const WeightView& w, float* out, int rows, int n, int k,
-                           cudaStream_t stream);
-
-// gemm_nvfp4_wgmma.cu: the same product on Hopper's warpgroup tensor cores (a build with sm_90a code,
-// a compute capability 9.0 device, k a multiple of 64). Not yet measured: launch_gemm_nvfp4 takes it
-// only under HEARTH_GEMM_WGMMA (its ring depth, 4 or 6; 0 where unset).
-bool gemm_nvfp4_wgmma_supported(int rows, int n, int k);
-int gemm_nvfp4_wgmma_depth();
-void launch_gemm_nvfp4_wgmma(const Fp16Operand& x, const WeightView& w, float* out, int rows, int n, int k,
-                             cudaStream_t stream);
 
 // nvfp4.cu: an NVFP4 weight [n, k] expanded for the tensor-core product: out[i] = e2m1 * e4m3 as
 // fp16 (to_fp16) or bf16, exact either way; the returned view carries the global scale (w.scale)

@@ -3,7 +3,6 @@
 
 #include <algorithm>
 #include <functional>
-#include <stdexcept>
 
 #include "../kernels/gemv_params.cuh"
 #include "device_memory.h"
@@ -139,25 +138,12 @@ void gemv_nvfp4(uintptr_t x, uintptr_t codes, uintptr_t block_scales, float glob
   sync();
 }
 
-namespace {
-// The small-batch NVFP4 product by `path`: "auto" (the product's choice), "mma" or "wgmma".
-void launch_gemm_nvfp4_path(const std::string& path, const Fp16Operand& x, const WeightView& w, float* out, int rows,
-                            int n, int k) {
-  if (path == "auto") launch_gemm_nvfp4(x, w, out, rows, n, k, 0);
-  else if (path == "mma") launch_gemm_nvfp4_mma(x, w, out, rows, n, k, 0);
-  else if (path == "wgmma") launch_gemm_nvfp4_wgmma(x, w, out, rows, n, k, 0);
-  else throw std::invalid_argument("gemm_nvfp4: path is auto, mma or wgmma, not " + path);
-}
-}  // namespace
-
 void gemm_nvfp4(uintptr_t x16, float x_scale, uintptr_t codes, uintptr_t block_scales, float global_scale,
-                uintptr_t out, int rows, int n, int k, const std::string& path) {
-  launch_gemm_nvfp4_path(path, Fp16Operand{P<const f16>(x16), x_scale, nullptr},
-                         nvfp4_view(codes, block_scales, global_scale), P<float>(out), rows, n, k);
+                uintptr_t out, int rows, int n, int k) {
+  launch_gemm_nvfp4(Fp16Operand{P<const f16>(x16), x_scale, nullptr}, nvfp4_view(codes, block_scales, global_scale),
+                    P<float>(out), rows, n, k, 0);
   sync();
 }
-
-bool gemm_nvfp4_wgmma_supported(int rows, int n, int k) { return hearth::gemm_nvfp4_wgmma_supported(rows, n, k); }
 
 void nvfp4_expand(uintptr_t codes, uintptr_t block_scales, uintptr_t out, int n, int k, bool fp16) {
   launch_nvfp4_expand(nvfp4_view(codes, block_scales, 1.f), n, k, P<void>(out), fp16, 0);
@@ -266,7 +252,7 @@ double gemv_nvfp4_seconds(uintptr_t x, uintptr_t codes, uintptr_t block_scales, 
 }
 
 double gemm_nvfp4_seconds(uintptr_t x16, uintptr_t codes, uintptr_t block_scales, uintptr_t out, int rows, int n,
-                          int k, int copies, int reps, bool expand, const std::string& path) {
+                          int k, int copies, int reps, bool expand) {
   const uint8_t* c = P<const uint8_t>(codes);
   const uint8_t* s = P<const uint8_t>(block_scales);
   DeviceBuffer expanded(expand ? (size_t)n * k * 2 : 16, "nvfp4 expansion");
@@ -279,7 +265,7 @@ double gemm_nvfp4_seconds(uintptr_t x16, uintptr_t codes, uintptr_t block_scales
       const WeightView w16 = launch_nvfp4_expand(w, n, k, expanded.get(), true, 0);
       launch_gemm_fast(op, w16, P<float>(out), rows, n, k, GemmWork{nullptr, lt.get(), lt.bytes()}, 0);
     } else {
-      launch_gemm_nvfp4_path(path, op, w, P<float>(out), rows, n, k);
+      launch_gemm_nvfp4(op, w, P<float>(out), rows, n, k, 0);
     }
   });
 }

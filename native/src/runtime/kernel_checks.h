@@ -49,16 +49,13 @@ void decode_attention_launch(uintptr_t q, uintptr_t k_cache, uintptr_t v_cache,
 void gemv_nvfp4(uintptr_t x, uintptr_t codes, uintptr_t block_scales, float global_scale,
                 uintptr_t out, int rows, int n, int k, bool fast, float x_scale, uintptr_t x_amax,
                 int x_amax_count);
-// The small-batch NVFP4 product (fast precision): out = (x16 @ w^T) * x_scale * global_scale, by the
-// kernel the product picks ("auto"), or the mma.sync ("mma") or Hopper wgmma ("wgmma") kernel.
+// The small-batch NVFP4 product (fast precision): out = (x16 @ w^T) * x_scale * global_scale.
 void gemm_nvfp4(uintptr_t x16, float x_scale, uintptr_t codes, uintptr_t block_scales, float global_scale,
-                uintptr_t out, int rows, int n, int k, const std::string& path);
-// Whether this build and GPU run the wgmma kernel for the shape.
-bool gemm_nvfp4_wgmma_supported(int rows, int n, int k);
-// Seconds per product over `copies` NVFP4 weights in turn: gemm_nvfp4 (by `path`) reading the codes,
-// or (expand) the expansion into fp16 and cuBLASLt, as decode buckets past the GEMV ran before it.
+                uintptr_t out, int rows, int n, int k);
+// Seconds per product over `copies` NVFP4 weights in turn: gemm_nvfp4 reading the codes, or
+// (expand) the expansion into fp16 and cuBLASLt, as decode buckets past the GEMV ran before it.
 double gemm_nvfp4_seconds(uintptr_t x16, uintptr_t codes, uintptr_t block_scales, uintptr_t out, int rows, int n,
-                          int k, int copies, int reps, bool expand, const std::string& path);
+                          int k, int copies, int reps, bool expand);
 // An NVFP4 weight expanded into 16 bits (fp16 or bf16) for the tensor-core product.
 void nvfp4_expand(uintptr_t codes, uintptr_t block_scales, uintptr_t out, int n, int k, bool fp16);
 // False (nothing launched) where the fused gate/up + SwiGLU GEMV does not take the shape.
