@@ -31,6 +31,7 @@
 // 16-byte load in flight per lane) and streamed 1.5 of the H200's 4.2 TB/s. The activations (and
 // the norm's weight) come from L2 one step ahead, in registers.
 #include "../common.cuh"
+#include "../env.h"
 #include "../launch.cuh"
 #include "gemv_params.cuh"
 #include "nvfp4_mma.cuh"
@@ -49,6 +50,19 @@ using Stream = nvfp4_mma::WeightStream<FT, kRingDepth>;
 template <int FT, int W>
 constexpr int ring_bytes() { return W * Stream<FT>::kWarpBytes; }
 
+// Staged activations (STAGE, fast precision only): the block's rows converted once into fp16 pairs in
+// shared memory, after the ring, in the order a lane reads them: row r, step s, quad lane t, word wd
+// (16 bytes: inputs 8 wd + p and 8 wd + p + 4 of the lane's 32, p = 0..3). A word's 16-byte slot is
+// swizzled by t's bit 1 and the row's parity, so the 8 lanes of an LDS.128 phase (two rows, four t)
+// read 8 distinct bank groups. Unstaged, each of a warp's 8 lane groups loads and converts its own
+// batch row every step: at one row 8 times the same work, a quarter of the step's instructions.
+constexpr int kStageStepBytes = 256;        // a row's step: 4 lanes x 4 words x 16 bytes
+constexpr int kStageMaxBytes = 32 * 1024;   // down (14336 inputs) at one row is 28 KB
+
+__device__ __forceinline__ int stage_offset(int r, int s, int t, int wd, int steps) {
+  return (r * steps + s) * kStageStepBytes + t * 64 + ((wd ^ ((t >> 1) & 1) ^ ((r & 1) << 1)) * 16);
+}
+
 // The weight row that half h (0: mma rows 0-7, 1: rows 8-15) of tile `tile` gives lane group g.
 // Plain: 16 consecutive rows per tile. Paired modes: the tile's 8 pairs, first members in rows
 // 0-7, second members in rows 8-15, so one lane holds both products of a pair. SwiGLU pair j =
@@ -64,7 +78,7 @@ __device__ __forceinline__ int tile_row(int tile, int g, int h, int n, int half)
   }
 }
 
-template <int FT, int W, int MODE, bool FAST>
+template <int FT, int W, int MODE, bool FAST, bool STAGE>
 __global__ void __launch_bounds__(W * 32) gemv_nvfp4_kernel(GemvParams prm, const uint8_t* __restrict__ block_scales,
                                                               int rows) {
   constexpr bool SWIGLU = MODE & kModeSwiglu, NORM = MODE & kModeNorm, RESID = MODE & kModeResidual;
@@ -124,6 +138,38 @@ __global__ void __launch_bounds__(W * 32) gemv_nvfp4_kernel(GemvParams prm, cons
   }
   if constexpr (FAST) __syncthreads();
 
+  // STAGE: every row's activations, as the unstaged loop prepares them (the same products in the same
+  // order, so the same bits), once for the block; zeros past k, as the ring's codes there.
+  unsigned char* stage = ring + ring_bytes<FT, W>();
+  if constexpr (STAGE) {
+    const int chunks = steps * 16;  // 8 inputs each, a row padded to whole steps
+    for (int q = threadIdx.x; q < rows * chunks; q += kThreads) {
+      const int r = q / chunks, c = q - r * chunks, in0 = 8 * c;
+      uint4 out = make_uint4(0u, 0u, 0u, 0u);
+      if (in0 < k) {
+        const float4* xp = reinterpret_cast<const float4*>(prm.x + (size_t)r * k + in0);
+        float4 a = __ldg(xp), b = __ldg(xp + 1);
+        if constexpr (NORM) {
+          const uint4 nw4 = __ldg(reinterpret_cast<const uint4*>(prm.norm_weight + in0));
+          const __nv_bfloat162* nw = reinterpret_cast<const __nv_bfloat162*>(&nw4);
+          const float2 n0 = __bfloat1622float2(nw[0]), n1 = __bfloat1622float2(nw[1]);
+          const float2 n2 = __bfloat1622float2(nw[2]), n3 = __bfloat1622float2(nw[3]);
+          a = make_float4(a.x * n0.x, a.y * n0.y, a.z * n1.x, a.w * n1.y);
+          b = make_float4(b.x * n2.x, b.y * n2.y, b.z * n3.x, b.w * n3.y);
+        }
+        const float f = row_in[r];
+        a = make_float4(a.x * f, a.y * f, a.z * f, a.w * f);
+        b = make_float4(b.x * f, b.y * f, b.z * f, b.w * f);
+        const __half2 h0 = __floats2half2_rn(a.x, b.x), h1 = __floats2half2_rn(a.y, b.y);
+        const __half2 h2 = __floats2half2_rn(a.z, b.z), h3 = __floats2half2_rn(a.w, b.w);
+        out = make_uint4(*reinterpret_cast<const uint32_t*>(&h0), *reinterpret_cast<const uint32_t*>(&h1),
+                         *reinterpret_cast<const uint32_t*>(&h2), *reinterpret_cast<const uint32_t*>(&h3));
+      }
+      *reinterpret_cast<uint4*>(stage + stage_offset(r, c >> 4, (c >> 2) & 3, c & 3, steps)) = out;
+    }
+    __syncthreads();
+  }
+
   const bool has_x = g < rows;
   const float* xr = prm.x + (size_t)min(g, rows - 1) * k;
   float acc[FT][4];
@@ -150,7 +196,8 @@ __global__ void __launch_bounds__(W * 32) gemv_nvfp4_kernel(GemvParams prm, cons
   // step, H200: 3,701 -> 3,185 us; docs/BENCHMARKS.md).
   float4 xnext[8];
   uint4 nnext[4];
-  load_inputs(0, xnext, nnext);
+  if constexpr (!STAGE) load_inputs(0, xnext, nnext);
+  const int stage_row = min(g, rows - 1);
 
   // Unrolled by the ring's depth, so each step's slot is a constant.
   for (int j0 = 0; j0 < my_steps; j0 += D) {
@@ -159,6 +206,20 @@ __global__ void __launch_bounds__(W * 32) gemv_nvfp4_kernel(GemvParams prm, cons
       const int j = j0 + slot;
       if (j >= my_steps) break;
       const int s = warp + j * kWarps;
+      if constexpr (STAGE) {
+        uint4 xh[4];
+#pragma unroll
+        for (int wd = 0; wd < 4; ++wd)
+          xh[wd] = *reinterpret_cast<const uint4*>(stage + stage_offset(stage_row, s, t, wd, steps));
+        nvfp4_mma::cp_async_wait<D - 1>();
+        uint4 w[FT][2];
+        uint32_t sc[FT][2];
+        ws.fetch(slot, w, sc);
+        nvfp4_mma::tile_step_f16_halves<FT>(acc, w, sc, xh);
+        if (j + D < my_steps) ws.issue(s + D * kWarps, slot);
+        nvfp4_mma::cp_async_commit();
+        continue;
+      }
       float4 xv[8];
       uint4 nw4[4];
 #pragma unroll
@@ -282,23 +343,42 @@ int tiles_per_warp(int rows, int n) {
   return (n >= 16384 && rows >= 4) || (n >= 6144 && rows >= 8) ? 4 : 2;
 }
 
-template <int FT, int W, int MODE, bool FAST>
-void launch_precision(const GemvParams& prm, const uint8_t* scales, int rows, cudaStream_t stream) {
+template <int FT, int W, int MODE, bool FAST, bool STAGE>
+void launch_precision(const GemvParams& prm, const uint8_t* scales, int rows, int stage_bytes, cudaStream_t stream) {
   const int blocks = (prm.n + 16 * FT - 1) / (16 * FT);
-  // The ring is dynamic shared memory; with the static arrays it may pass the default 48 KB.
+  // The ring (and the staged rows) are dynamic shared memory; with the static arrays they may pass
+  // the default 48 KB.
+  constexpr int kMaxDynamic = ring_bytes<FT, W>() + (STAGE ? kStageMaxBytes : 0);
   static const bool sized = [] {
-    HEARTH_CUDA(cudaFuncSetAttribute(gemv_nvfp4_kernel<FT, W, MODE, FAST>,
-                                     cudaFuncAttributeMaxDynamicSharedMemorySize, ring_bytes<FT, W>()));
+    HEARTH_CUDA(cudaFuncSetAttribute(gemv_nvfp4_kernel<FT, W, MODE, FAST, STAGE>,
+                                     cudaFuncAttributeMaxDynamicSharedMemorySize, kMaxDynamic));
     return true;
   }();
   (void)sized;
-  launch_pdl(gemv_nvfp4_kernel<FT, W, MODE, FAST>, blocks, W * 32, ring_bytes<FT, W>(), stream, prm, scales, rows);
+  launch_pdl(gemv_nvfp4_kernel<FT, W, MODE, FAST, STAGE>, blocks, W * 32, ring_bytes<FT, W>() + stage_bytes, stream,
+             prm, scales, rows);
+}
+
+// A/B switch (temporary, deleted with the loser): HEARTH_GEMV_STAGE=0 never stages the activations.
+bool stage_enabled() {
+  static const bool on = !env_is("HEARTH_GEMV_STAGE", "0");
+  return on;
 }
 
 template <int FT, int W, int MODE>
 void launch_kernel(const GemvParams& prm, const uint8_t* scales, int rows, cudaStream_t stream) {
-  if (prm.fast) launch_precision<FT, W, MODE, true>(prm, scales, rows, stream);
-  else launch_precision<FT, W, MODE, false>(prm, scales, rows, stream);
+  if (prm.fast) {
+    // Staged where the rows fit kStageMaxBytes, at 2 tiles a warp (4 tiles' ring already takes half
+    // an SM's shared memory: staging would cost the second block).
+    const int stage_bytes = rows * ((prm.k + kStepInputs - 1) / kStepInputs) * kStageStepBytes;
+    if constexpr (FT == 2) {
+      if (stage_bytes <= kStageMaxBytes && stage_enabled())
+        return launch_precision<FT, W, MODE, true, true>(prm, scales, rows, stage_bytes, stream);
+    }
+    launch_precision<FT, W, MODE, true, false>(prm, scales, rows, 0, stream);
+  } else {
+    launch_precision<FT, W, MODE, false, false>(prm, scales, rows, 0, stream);
+  }
 }
 
 template <int FT, int W>

@@ -171,6 +171,40 @@ __device__ __forceinline__ void tile_step_f16(float (&acc)[FT][4], const uint4 (
   }
 }
 
+// tile_step_f16 with the activations already in fp16 pairs: xh[wd][p] = (input 8 wd + p, 8 wd + p + 4)
+// of this lane's 32, as tile_step_f16 pairs them (the GEMV's staged activations, gemv_nvfp4.cu).
+template <int FT>
+__device__ __forceinline__ void tile_step_f16_halves(float (&acc)[FT][4], const uint4 (&w)[FT][2],
+                                                     const uint32_t (&sc)[FT][2], const uint4 (&xh)[4]) {
+  __half2 scale[FT][2][2];
+#pragma unroll
+  for (int i = 0; i < FT; ++i)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const __half2 both = block_scales_f16(sc[i][h]);
+      scale[i][h][0] = __low2half2(both);
+      scale[i][h][1] = __high2half2(both);
+    }
+#pragma unroll
+  for (int wd = 0; wd < 4; ++wd) {
+#pragma unroll
+    for (int i = 0; i < FT; ++i) {
+      uint32_t P[2][4];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const uint32_t q = (&w[i][h].x)[wd];
+        const __half2 sv = scale[i][h][wd >> 1];
+        P[h][0] = f16_mul2(e2m1_pair_f16<0>(q), sv);
+        P[h][1] = f16_mul2(e2m1_pair_f16<1>(q), sv);
+        P[h][2] = f16_mul2(e2m1_pair_f16<2>(q), sv);
+        P[h][3] = f16_mul2(e2m1_pair_f16<3>(q), sv);
+      }
+      mma_f16(acc[i], P[0][0], P[1][0], P[0][1], P[1][1], xh[wd].x, xh[wd].y);
+      mma_f16(acc[i], P[0][2], P[1][2], P[0][3], P[1][3], xh[wd].z, xh[wd].w);
+    }
+  }
+}
+
 // ---- many rows: fp16 activations staged in shared memory, shared by a block's warps ----
 // A staged activation row holds one step (128 inputs, fp16) in 16 chunks of 8 inputs, chunk c at
 // slot (c % 4) * 4 + c / 4 (a lane's word wd, quad lane t, is slot 4 wd + t), rows 256 bytes apart,
