@@ -45,10 +45,10 @@ using nvfp4_mma::kStepInputs;
 
 // Steps in flight per warp: 2 (a lane already copies 2-4 chunks per step).
 constexpr int kRingDepth = 2;
-template <int FT, int D>
-using Stream = nvfp4_mma::WeightStream<FT, D>;
-template <int FT, int W, int D = kRingDepth>
-constexpr int ring_bytes() { return W * Stream<FT, D>::kWarpBytes; }
+template <int FT>
+using Stream = nvfp4_mma::WeightStream<FT, kRingDepth>;
+template <int FT, int W>
+constexpr int ring_bytes() { return W * Stream<FT>::kWarpBytes; }
 
 // Staged activations (STAGE, fast precision only): the block's rows converted once into fp16 pairs in
 // shared memory, after the ring, in the order a lane reads them: row r, step s, quad lane t, word wd
@@ -78,12 +78,13 @@ __device__ __forceinline__ int tile_row(int tile, int g, int h, int n, int half)
   }
 }
 
-template <int FT, int W, int MODE, bool FAST, bool STAGE, int D>
+template <int FT, int W, int MODE, bool FAST, bool STAGE>
 __global__ void __launch_bounds__(W * 32) gemv_nvfp4_kernel(GemvParams prm, const uint8_t* __restrict__ block_scales,
                                                               int rows) {
   constexpr bool SWIGLU = MODE & kModeSwiglu, NORM = MODE & kModeNorm, RESID = MODE & kModeResidual;
   constexpr bool ROPE = MODE & kModeRope;
   constexpr int kFeatures = 16 * FT;  // mma rows per block
+  constexpr int D = kRingDepth;
   constexpr int kWarps = W, kThreads = W * 32;
   extern __shared__ __align__(16) unsigned char ring[];
   const int n = prm.n, k = prm.k;
@@ -93,8 +94,8 @@ __global__ void __launch_bounds__(W * 32) gemv_nvfp4_kernel(GemvParams prm, cons
   const int my_steps = warp < steps ? (steps - 1 - warp) / kWarps + 1 : 0;  // steps warp, warp + W, ...
   const int half = ROPE ? prm.rope.head_dim / 2 : 1;
 
-  Stream<FT, D> ws;
-  ws.init(ring + warp * Stream<FT, D>::kWarpBytes, lane, k);
+  Stream<FT> ws;
+  ws.init(ring + warp * Stream<FT>::kWarpBytes, lane, k);
 #pragma unroll
   for (int i = 0; i < FT; ++i)
 #pragma unroll
@@ -139,7 +140,7 @@ __global__ void __launch_bounds__(W * 32) gemv_nvfp4_kernel(GemvParams prm, cons
 
   // STAGE: every row's activations, as the unstaged loop prepares them (the same products in the same
   // order, so the same bits), once for the block; zeros past k, as the ring's codes there.
-  unsigned char* stage = ring + ring_bytes<FT, W, D>();
+  unsigned char* stage = ring + ring_bytes<FT, W>();
   if constexpr (STAGE) {
     const int chunks = steps * 16;  // 8 inputs each, a row padded to whole steps
     for (int q = threadIdx.x; q < rows * chunks; q += kThreads) {
@@ -205,39 +206,44 @@ __global__ void __launch_bounds__(W * 32) gemv_nvfp4_kernel(GemvParams prm, cons
       const int j = j0 + slot;
       if (j >= my_steps) break;
       const int s = warp + j * kWarps;
-      uint4 xh[4];  // STAGE: this lane's 32 activations of the step, as fp16 pairs
-      float4 xv[8];
       if constexpr (STAGE) {
+        uint4 xh[4];
 #pragma unroll
         for (int wd = 0; wd < 4; ++wd)
           xh[wd] = *reinterpret_cast<const uint4*>(stage + stage_offset(stage_row, s, t, wd, steps));
-      } else {
-        uint4 nw4[4];
+        nvfp4_mma::cp_async_wait<D - 1>();
+        uint4 w[FT][2];
+        uint32_t sc[FT][2];
+        ws.fetch(slot, w, sc);
+        nvfp4_mma::tile_step_f16_halves<FT>(acc, w, sc, xh);
+        if (j + D < my_steps) ws.issue(s + D * kWarps, slot);
+        nvfp4_mma::cp_async_commit();
+        continue;
+      }
+      float4 xv[8];
+      uint4 nw4[4];
 #pragma unroll
-        for (int q = 0; q < 8; ++q) xv[q] = xnext[q];
+      for (int q = 0; q < 8; ++q) xv[q] = xnext[q];
 #pragma unroll
-        for (int q = 0; q < 4; ++q) nw4[q] = nnext[q];
-        load_inputs(j + 1, xnext, nnext);
-        if constexpr (NORM) {  // the norm's weight; 1 / rms multiplies the finished sums
+      for (int q = 0; q < 4; ++q) nw4[q] = nnext[q];
+      load_inputs(j + 1, xnext, nnext);
+      if constexpr (NORM) {  // the norm's weight; 1 / rms multiplies the finished sums
 #pragma unroll
-          for (int q = 0; q < 4; ++q) {
-            const __nv_bfloat162* nw = reinterpret_cast<const __nv_bfloat162*>(&nw4[q]);
-            const float2 n0 = __bfloat1622float2(nw[0]), n1 = __bfloat1622float2(nw[1]);
-            const float2 n2 = __bfloat1622float2(nw[2]), n3 = __bfloat1622float2(nw[3]);
-            float4& a = xv[2 * q];
-            float4& b = xv[2 * q + 1];
-            a = make_float4(a.x * n0.x, a.y * n0.y, a.z * n1.x, a.w * n1.y);
-            b = make_float4(b.x * n2.x, b.y * n2.y, b.z * n3.x, b.w * n3.y);
-          }
+        for (int q = 0; q < 4; ++q) {
+          const __nv_bfloat162* nw = reinterpret_cast<const __nv_bfloat162*>(&nw4[q]);
+          const float2 n0 = __bfloat1622float2(nw[0]), n1 = __bfloat1622float2(nw[1]);
+          const float2 n2 = __bfloat1622float2(nw[2]), n3 = __bfloat1622float2(nw[3]);
+          float4& a = xv[2 * q];
+          float4& b = xv[2 * q + 1];
+          a = make_float4(a.x * n0.x, a.y * n0.y, a.z * n1.x, a.w * n1.y);
+          b = make_float4(b.x * n2.x, b.y * n2.y, b.z * n3.x, b.w * n3.y);
         }
       }
       nvfp4_mma::cp_async_wait<D - 1>();  // step j's group (D + j groups committed so far)
       uint4 w[FT][2];
       uint32_t sc[FT][2];
       ws.fetch(slot, w, sc);
-      if constexpr (STAGE) {
-        nvfp4_mma::tile_step_f16_halves<FT>(acc, w, sc, xh);
-      } else if constexpr (FAST) {
+      if constexpr (FAST) {
         const float f = row_in[min(g, rows - 1)];
 #pragma unroll
         for (int q = 0; q < 8; ++q) xv[q] = make_float4(xv[q].x * f, xv[q].y * f, xv[q].z * f, xv[q].w * f);
@@ -253,13 +259,7 @@ __global__ void __launch_bounds__(W * 32) gemv_nvfp4_kernel(GemvParams prm, cons
 
   // acc[i] = (tile row g, batch 2t, 2t + 1), (tile row g + 8, batch 2t, 2t + 1); the warps' sums
   // meet here and are added in warp order.
-  // STAGE: the sums meet in the ring, free once every warp is past its last step (shared memory
-  // for a third block an SM at a deeper ring).
-  __shared__ float part_static[STAGE ? 1 : kWarps][kFeatures][kGemvMaxRows];
-  using Part = float[kFeatures][kGemvMaxRows];
-  Part* part = STAGE ? reinterpret_cast<Part*>(ring) : part_static;
-  static_assert(!STAGE || sizeof(float) * kWarps * kFeatures * kGemvMaxRows <= ring_bytes<FT, W, D>());
-  if constexpr (STAGE) __syncthreads();
+  __shared__ float part[kWarps][kFeatures][kGemvMaxRows];
 #pragma unroll
   for (int i = 0; i < FT; ++i) {
     part[warp][16 * i + g][2 * t] = acc[i][0];
@@ -343,19 +343,19 @@ int tiles_per_warp(int rows, int n) {
   return (n >= 16384 && rows >= 4) || (n >= 6144 && rows >= 8) ? 4 : 2;
 }
 
-template <int FT, int W, int MODE, bool FAST, bool STAGE, int D = kRingDepth>
+template <int FT, int W, int MODE, bool FAST, bool STAGE>
 void launch_precision(const GemvParams& prm, const uint8_t* scales, int rows, int stage_bytes, cudaStream_t stream) {
   const int blocks = (prm.n + 16 * FT - 1) / (16 * FT);
   // The ring (and the staged rows) are dynamic shared memory; with the static arrays they may pass
   // the default 48 KB.
-  constexpr int kMaxDynamic = ring_bytes<FT, W, D>() + (STAGE ? kStageMaxBytes : 0);
+  constexpr int kMaxDynamic = ring_bytes<FT, W>() + (STAGE ? kStageMaxBytes : 0);
   static const bool sized = [] {
-    HEARTH_CUDA(cudaFuncSetAttribute(gemv_nvfp4_kernel<FT, W, MODE, FAST, STAGE, D>,
+    HEARTH_CUDA(cudaFuncSetAttribute(gemv_nvfp4_kernel<FT, W, MODE, FAST, STAGE>,
                                      cudaFuncAttributeMaxDynamicSharedMemorySize, kMaxDynamic));
     return true;
   }();
   (void)sized;
-  launch_pdl(gemv_nvfp4_kernel<FT, W, MODE, FAST, STAGE, D>, blocks, W * 32, ring_bytes<FT, W, D>() + stage_bytes, stream,
+  launch_pdl(gemv_nvfp4_kernel<FT, W, MODE, FAST, STAGE>, blocks, W * 32, ring_bytes<FT, W>() + stage_bytes, stream,
              prm, scales, rows);
 }
 
@@ -363,11 +363,6 @@ void launch_precision(const GemvParams& prm, const uint8_t* scales, int rows, in
 bool stage_enabled() {
   static const bool on = !env_is("HEARTH_GEMV_STAGE", "0");
   return on;
-}
-// A/B switch (temporary): HEARTH_GEMV_DEPTH=3|4, the staged kernel's ring depth (default 2).
-int stage_depth() {
-  static const int d = env_is("HEARTH_GEMV_DEPTH", "4") ? 4 : env_is("HEARTH_GEMV_DEPTH", "3") ? 3 : 2;
-  return d;
 }
 
 template <int FT, int W, int MODE>
@@ -377,13 +372,8 @@ void launch_kernel(const GemvParams& prm, const uint8_t* scales, int rows, cudaS
     // an SM's shared memory: staging would cost the second block).
     const int stage_bytes = rows * ((prm.k + kStepInputs - 1) / kStepInputs) * kStageStepBytes;
     if constexpr (FT == 2) {
-      if (stage_bytes <= kStageMaxBytes && stage_enabled()) {
-        switch (stage_depth()) {
-          case 4: return launch_precision<FT, W, MODE, true, true, 4>(prm, scales, rows, stage_bytes, stream);
-          case 3: return launch_precision<FT, W, MODE, true, true, 3>(prm, scales, rows, stage_bytes, stream);
-          default: return launch_precision<FT, W, MODE, true, true, 2>(prm, scales, rows, stage_bytes, stream);
-        }
-      }
+      if (stage_bytes <= kStageMaxBytes && stage_enabled())
+        return launch_precision<FT, W, MODE, true, true>(prm, scales, rows, stage_bytes, stream);
     }
     launch_precision<FT, W, MODE, true, false>(prm, scales, rows, 0, stream);
   } else {
