@@ -28,10 +28,11 @@
 // Loads: a warp keeps its next D steps of codes and scales in flight (nvfp4_mma::WeightStream,
 // cp.async into shared memory), and issues its first D before pdl_wait(), while the kernel before
 // it still runs. The first tensor-core version loaded each step just before multiplying it (one
-// 16-byte load in flight per lane) and streamed 1.5 of the H200's 4.2 TB/s. The activations (and
-// the norm's weight) come from L2 one step ahead, in registers.
+// 16-byte load in flight per lane) and streamed 1.5 of the H200's 4.2 TB/s. The activations: at the
+// fast precision, where the rows fit (STAGE below), converted once a block into shared memory (8B
+// decode step at one row 3,259 -> 3,044 us, H100; docs/BENCHMARKS.md); else (and the norm's weight)
+// from L2 one step ahead, in registers.
 #include "../common.cuh"
-#include "../env.h"
 #include "../launch.cuh"
 #include "gemv_params.cuh"
 #include "nvfp4_mma.cuh"
@@ -359,12 +360,6 @@ void launch_precision(const GemvParams& prm, const uint8_t* scales, int rows, in
              prm, scales, rows);
 }
 
-// A/B switch (temporary, deleted with the loser): HEARTH_GEMV_STAGE=0 never stages the activations.
-bool stage_enabled() {
-  static const bool on = !env_is("HEARTH_GEMV_STAGE", "0");
-  return on;
-}
-
 template <int FT, int W, int MODE>
 void launch_kernel(const GemvParams& prm, const uint8_t* scales, int rows, cudaStream_t stream) {
   if (prm.fast) {
@@ -372,7 +367,7 @@ void launch_kernel(const GemvParams& prm, const uint8_t* scales, int rows, cudaS
     // an SM's shared memory: staging would cost the second block).
     const int stage_bytes = rows * ((prm.k + kStepInputs - 1) / kStepInputs) * kStageStepBytes;
     if constexpr (FT == 2) {
-      if (stage_bytes <= kStageMaxBytes && stage_enabled())
+      if (stage_bytes <= kStageMaxBytes)
         return launch_precision<FT, W, MODE, true, true>(prm, scales, rows, stage_bytes, stream);
     }
     launch_precision<FT, W, MODE, true, false>(prm, scales, rows, 0, stream);
