@@ -207,44 +207,39 @@ __global__ void __launch_bounds__(W * 32) gemv_nvfp4_kernel(GemvParams prm, cons
       const int j = j0 + slot;
       if (j >= my_steps) break;
       const int s = warp + j * kWarps;
+      uint4 xh[4];  // STAGE: this lane's 32 activations of the step, as fp16 pairs
+      float4 xv[8];
       if constexpr (STAGE) {
-        uint4 xh[4];
 #pragma unroll
         for (int wd = 0; wd < 4; ++wd)
           xh[wd] = *reinterpret_cast<const uint4*>(stage + stage_offset(stage_row, s, t, wd, steps));
-        nvfp4_mma::cp_async_wait<D - 1>();
-        uint4 w[FT][2];
-        uint32_t sc[FT][2];
-        ws.fetch(slot, w, sc);
-        nvfp4_mma::tile_step_f16_halves<FT>(acc, w, sc, xh);
-        if (j + D < my_steps) ws.issue(s + D * kWarps, slot);
-        nvfp4_mma::cp_async_commit();
-        continue;
-      }
-      float4 xv[8];
-      uint4 nw4[4];
+      } else {
+        uint4 nw4[4];
 #pragma unroll
-      for (int q = 0; q < 8; ++q) xv[q] = xnext[q];
+        for (int q = 0; q < 8; ++q) xv[q] = xnext[q];
 #pragma unroll
-      for (int q = 0; q < 4; ++q) nw4[q] = nnext[q];
-      load_inputs(j + 1, xnext, nnext);
-      if constexpr (NORM) {  // the norm's weight; 1 / rms multiplies the finished sums
+        for (int q = 0; q < 4; ++q) nw4[q] = nnext[q];
+        load_inputs(j + 1, xnext, nnext);
+        if constexpr (NORM) {  // the norm's weight; 1 / rms multiplies the finished sums
 #pragma unroll
-        for (int q = 0; q < 4; ++q) {
-          const __nv_bfloat162* nw = reinterpret_cast<const __nv_bfloat162*>(&nw4[q]);
-          const float2 n0 = __bfloat1622float2(nw[0]), n1 = __bfloat1622float2(nw[1]);
-          const float2 n2 = __bfloat1622float2(nw[2]), n3 = __bfloat1622float2(nw[3]);
-          float4& a = xv[2 * q];
-          float4& b = xv[2 * q + 1];
-          a = make_float4(a.x * n0.x, a.y * n0.y, a.z * n1.x, a.w * n1.y);
-          b = make_float4(b.x * n2.x, b.y * n2.y, b.z * n3.x, b.w * n3.y);
+          for (int q = 0; q < 4; ++q) {
+            const __nv_bfloat162* nw = reinterpret_cast<const __nv_bfloat162*>(&nw4[q]);
+            const float2 n0 = __bfloat1622float2(nw[0]), n1 = __bfloat1622float2(nw[1]);
+            const float2 n2 = __bfloat1622float2(nw[2]), n3 = __bfloat1622float2(nw[3]);
+            float4& a = xv[2 * q];
+            float4& b = xv[2 * q + 1];
+            a = make_float4(a.x * n0.x, a.y * n0.y, a.z * n1.x, a.w * n1.y);
+            b = make_float4(b.x * n2.x, b.y * n2.y, b.z * n3.x, b.w * n3.y);
+          }
         }
       }
       nvfp4_mma::cp_async_wait<D - 1>();  // step j's group (D + j groups committed so far)
       uint4 w[FT][2];
       uint32_t sc[FT][2];
       ws.fetch(slot, w, sc);
-      if constexpr (FAST) {
+      if constexpr (STAGE) {
+        nvfp4_mma::tile_step_f16_halves<FT>(acc, w, sc, xh);
+      } else if constexpr (FAST) {
         const float f = row_in[min(g, rows - 1)];
 #pragma unroll
         for (int q = 0; q < 8; ++q) xv[q] = make_float4(xv[q].x * f, xv[q].y * f, xv[q].z * f, xv[q].w * f);
