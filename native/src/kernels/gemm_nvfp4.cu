@@ -17,9 +17,8 @@
 // sums in its own shared memory, and after a cluster barrier block r adds rows r, r + S, ... of
 // the tile over the S slices in slice order, reading the others' shared memory (DSMEM), so the
 // result does not depend on timing and no partial sums go through global memory (cluster_split.cuh).
-// The first
-// version split k through global partials that the column's last block added up alone; at 64 rows
-// that tail and the partials' traffic (slices x rows x n x 8 bytes) took most of its time.
+// The first version split k through global partials that the column's last block added up alone; at
+// 64 rows that tail and the partials' traffic (slices x rows x n x 8 bytes) took most of its time.
 // Devices without clusters (before sm_90) run one slice.
 #include <array>
 
