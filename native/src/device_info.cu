@@ -45,6 +45,11 @@ int sm_count() {
   return sms;
 }
 
+int smem_per_block_optin() {
+  static const int bytes = device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin, 48 * 1024);
+  return bytes;
+}
+
 bool pdl_enabled() {
   static const int major = device_attribute(cudaDevAttrComputeCapabilityMajor, 0);  // one GPU
   return major >= 9;

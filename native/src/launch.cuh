@@ -41,6 +41,10 @@ int device_attribute(cudaDeviceAttr attr, int fallback);
 // The (one) GPU's SM count, read once (132 where the runtime cannot say).
 int sm_count();
 
+// The most shared memory one block may opt into on the (one) GPU, read once: 227 KB on Hopper,
+// 163 KB on A100, 99 KB on Ada and the consumer Ampere cards (48 KB where the runtime cannot say).
+int smem_per_block_optin();
+
 // kernel<<<grid, block, smem, stream>>>(args...), with the PDL attribute where enabled, in
 // thread-block clusters of `cluster` blocks where that is more than one (sm_90). The caller checks
 // the launch with HEARTH_CHECK_LAUNCH as for any launch.

@@ -32,6 +32,8 @@
 // fast precision, where the rows fit (STAGE below), converted once a block into shared memory (8B
 // decode step at one row 3,259 -> 3,044 us, H100; docs/BENCHMARKS.md); else (and the norm's weight)
 // from L2 one step ahead, in registers.
+#include <algorithm>
+
 #include "../common.cuh"
 #include "../launch.cuh"
 #include "gemv_params.cuh"
@@ -59,6 +61,11 @@ constexpr int ring_bytes() { return W * Stream<FT>::kWarpBytes; }
 // batch row every step: at one row 8 times the same work, a quarter of the step's instructions.
 constexpr int kStageStepBytes = 256;        // a row's step: 4 lanes x 4 words x 16 bytes
 constexpr int kStageMaxBytes = 32 * 1024;   // down (14336 inputs) at one row is 28 KB
+
+// A block's static shared memory, bounded: the warps' partial sums (the part array below) and, with
+// room to spare, the per-row scalars and the residual's scratch.
+template <int FT, int W>
+constexpr int static_bytes_bound() { return W * 16 * FT * kGemvMaxRows * 4 + 1024; }
 
 __device__ __forceinline__ int stage_offset(int r, int s, int t, int wd, int steps) {
   return (r * steps + s) * kStageStepBytes + t * 64 + ((wd ^ ((t >> 1) & 1) ^ ((r & 1) << 1)) * 16);
@@ -343,11 +350,13 @@ template <int FT, int W, int MODE, bool FAST, bool STAGE>
 void launch_precision(const GemvParams& prm, const uint8_t* scales, int rows, int stage_bytes, cudaStream_t stream) {
   const int blocks = (prm.n + 16 * FT - 1) / (16 * FT);
   // The ring (and the staged rows) are dynamic shared memory; with the static arrays they may pass
-  // the default 48 KB.
-  constexpr int kMaxDynamic = ring_bytes<FT, W>() + (STAGE ? kStageMaxBytes : 0);
+  // the default 48 KB, never the device's limit (the launcher stages only what fits: stage_fits).
   static const bool sized = [] {
+    constexpr int kMaxDynamic = ring_bytes<FT, W>() + (STAGE ? kStageMaxBytes : 0);
+    const int room = smem_per_block_optin() - static_bytes_bound<FT, W>();
     HEARTH_CUDA(cudaFuncSetAttribute(gemv_nvfp4_kernel<FT, W, MODE, FAST, STAGE>,
-                                     cudaFuncAttributeMaxDynamicSharedMemorySize, kMaxDynamic));
+                                     cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                     std::max(std::min(kMaxDynamic, room), ring_bytes<FT, W>())));
     return true;
   }();
   (void)sized;
@@ -355,14 +364,23 @@ void launch_precision(const GemvParams& prm, const uint8_t* scales, int rows, in
              prm, scales, rows);
 }
 
+// Whether `rows` staged rows of `stage_bytes` fit the device beside the ring and the static arrays:
+// always on Hopper (227 KB) and A100; on Ada and consumer Ampere (99 KB) not at 16 warps a block past
+// a few KB, where the ring alone takes 80 KB.
+template <int FT, int W>
+bool stage_fits(int stage_bytes) {
+  return stage_bytes <= kStageMaxBytes &&
+         ring_bytes<FT, W>() + stage_bytes + static_bytes_bound<FT, W>() <= smem_per_block_optin();
+}
+
 template <int FT, int W, int MODE>
 void launch_kernel(const GemvParams& prm, const uint8_t* scales, int rows, cudaStream_t stream) {
   if (prm.fast) {
-    // Staged where the rows fit kStageMaxBytes, at 2 tiles a warp (4 tiles' ring already takes half
-    // an SM's shared memory: staging would cost the second block).
+    // Staged where the rows fit (stage_fits), at 2 tiles a warp (4 tiles' ring already takes half an
+    // SM's shared memory: staging would cost the second block).
     const int stage_bytes = rows * ((prm.k + kStepInputs - 1) / kStepInputs) * kStageStepBytes;
     if constexpr (FT == 2) {
-      if (stage_bytes <= kStageMaxBytes)
+      if (stage_fits<FT, W>(stage_bytes))
         return launch_precision<FT, W, MODE, true, true>(prm, scales, rows, stage_bytes, stream);
     }
     launch_precision<FT, W, MODE, true, false>(prm, scales, rows, 0, stream);
