@@ -128,13 +128,10 @@ __device__ __forceinline__ void tile_step(float (&acc)[FT][4], const uint4 (&w)[
   }
 }
 
-// tile_step for the fast precision: one fp16 product per weight. The activations (already divided
-// by their operand scale) go into fp16 once per step; the codes into fp16 e2m1 * 2^-14 times the
-// block scale (exact, down to fp16's smallest subnormal), so acc[i] += tile i's products * 2^-14.
+// The fast precision's weights: each 16-row tile half's two block scales as fp16 (exact), split
+// by the words they cover (words 0-1 and 2-3 of a lane's four).
 template <int FT>
-__device__ __forceinline__ void tile_step_f16(float (&acc)[FT][4], const uint4 (&w)[FT][2],
-                                              const uint32_t (&sc)[FT][2], const float4 (&x)[8]) {
-  __half2 scale[FT][2][2];  // [tile][half][block of the word: words 0-1, 2-3]
+__device__ __forceinline__ void tile_scales_f16(const uint32_t (&sc)[FT][2], __half2 (&scale)[FT][2][2]) {
 #pragma unroll
   for (int i = 0; i < FT; ++i)
 #pragma unroll
@@ -143,6 +140,40 @@ __device__ __forceinline__ void tile_step_f16(float (&acc)[FT][4], const uint4 (
       scale[i][h][0] = __low2half2(both);
       scale[i][h][1] = __high2half2(both);
     }
+}
+
+// A word's 8 codes as fp16 pairs (codes j, j + 4) times their block scale: e2m1 * scale * 2^-14.
+__device__ __forceinline__ void word_codes_f16(uint32_t q, __half2 sv, uint32_t (&P)[4]) {
+  P[0] = f16_mul2(e2m1_pair_f16<0>(q), sv);
+  P[1] = f16_mul2(e2m1_pair_f16<1>(q), sv);
+  P[2] = f16_mul2(e2m1_pair_f16<2>(q), sv);
+  P[3] = f16_mul2(e2m1_pair_f16<3>(q), sv);
+}
+
+// Word wd of every tile against this lane's 4 activation pairs of it (fp16, paired as the codes):
+// two m16n8k16 products a tile.
+template <int FT>
+__device__ __forceinline__ void word_step_f16(float (&acc)[FT][4], const uint4 (&w)[FT][2],
+                                              const __half2 (&scale)[FT][2][2], int wd, uint32_t x0, uint32_t x1,
+                                              uint32_t x2, uint32_t x3) {
+#pragma unroll
+  for (int i = 0; i < FT; ++i) {
+    uint32_t P[2][4];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) word_codes_f16((&w[i][h].x)[wd], scale[i][h][wd >> 1], P[h]);
+    mma_f16(acc[i], P[0][0], P[1][0], P[0][1], P[1][1], x0, x1);
+    mma_f16(acc[i], P[0][2], P[1][2], P[0][3], P[1][3], x2, x3);
+  }
+}
+
+// tile_step for the fast precision: one fp16 product per weight. The activations (already divided
+// by their operand scale) go into fp16 once per step; the codes into fp16 e2m1 * 2^-14 times the
+// block scale (exact, down to fp16's smallest subnormal), so acc[i] += tile i's products * 2^-14.
+template <int FT>
+__device__ __forceinline__ void tile_step_f16(float (&acc)[FT][4], const uint4 (&w)[FT][2],
+                                              const uint32_t (&sc)[FT][2], const float4 (&x)[8]) {
+  __half2 scale[FT][2][2];
+  tile_scales_f16<FT>(sc, scale);
 #pragma unroll
   for (int wd = 0; wd < 4; ++wd) {
     const float4 a = x[2 * wd], b = x[2 * wd + 1];
@@ -153,56 +184,19 @@ __device__ __forceinline__ void tile_step_f16(float (&acc)[FT][4], const uint4 (
       const __half2 v = __floats2half2_rn(av[p], bv[p]);
       xh[p] = *reinterpret_cast<const uint32_t*>(&v);
     }
-#pragma unroll
-    for (int i = 0; i < FT; ++i) {
-      uint32_t P[2][4];
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const uint32_t q = (&w[i][h].x)[wd];
-        const __half2 sv = scale[i][h][wd >> 1];
-        P[h][0] = f16_mul2(e2m1_pair_f16<0>(q), sv);
-        P[h][1] = f16_mul2(e2m1_pair_f16<1>(q), sv);
-        P[h][2] = f16_mul2(e2m1_pair_f16<2>(q), sv);
-        P[h][3] = f16_mul2(e2m1_pair_f16<3>(q), sv);
-      }
-      mma_f16(acc[i], P[0][0], P[1][0], P[0][1], P[1][1], xh[0], xh[1]);
-      mma_f16(acc[i], P[0][2], P[1][2], P[0][3], P[1][3], xh[2], xh[3]);
-    }
+    word_step_f16<FT>(acc, w, scale, wd, xh[0], xh[1], xh[2], xh[3]);
   }
 }
 
-// tile_step_f16 with the activations already in fp16 pairs: xh[wd][p] = (input 8 wd + p, 8 wd + p + 4)
-// of this lane's 32, as tile_step_f16 pairs them (the GEMV's staged activations, gemv_nvfp4.cu).
+// tile_step_f16 with the activations already in fp16 pairs: xh[wd] = (input 8 wd + p, 8 wd + p + 4),
+// p = 0..3, of this lane's 32, as tile_step_f16 pairs them (the GEMV's staged activations, gemv_nvfp4.cu).
 template <int FT>
 __device__ __forceinline__ void tile_step_f16_halves(float (&acc)[FT][4], const uint4 (&w)[FT][2],
                                                      const uint32_t (&sc)[FT][2], const uint4 (&xh)[4]) {
   __half2 scale[FT][2][2];
+  tile_scales_f16<FT>(sc, scale);
 #pragma unroll
-  for (int i = 0; i < FT; ++i)
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const __half2 both = block_scales_f16(sc[i][h]);
-      scale[i][h][0] = __low2half2(both);
-      scale[i][h][1] = __high2half2(both);
-    }
-#pragma unroll
-  for (int wd = 0; wd < 4; ++wd) {
-#pragma unroll
-    for (int i = 0; i < FT; ++i) {
-      uint32_t P[2][4];
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const uint32_t q = (&w[i][h].x)[wd];
-        const __half2 sv = scale[i][h][wd >> 1];
-        P[h][0] = f16_mul2(e2m1_pair_f16<0>(q), sv);
-        P[h][1] = f16_mul2(e2m1_pair_f16<1>(q), sv);
-        P[h][2] = f16_mul2(e2m1_pair_f16<2>(q), sv);
-        P[h][3] = f16_mul2(e2m1_pair_f16<3>(q), sv);
-      }
-      mma_f16(acc[i], P[0][0], P[1][0], P[0][1], P[1][1], xh[wd].x, xh[wd].y);
-      mma_f16(acc[i], P[0][2], P[1][2], P[0][3], P[1][3], xh[wd].z, xh[wd].w);
-    }
-  }
+  for (int wd = 0; wd < 4; ++wd) word_step_f16<FT>(acc, w, scale, wd, xh[wd].x, xh[wd].y, xh[wd].z, xh[wd].w);
 }
 
 // ---- many rows: fp16 activations staged in shared memory, shared by a block's warps ----
@@ -237,29 +231,15 @@ template <int NB, int FT>
 __device__ __forceinline__ void tile_step_staged(float (&acc)[FT][NB][4], const uint4 (&w)[FT][2],
                                                  const uint32_t (&sc)[FT][2], const unsigned char* stage, int g,
                                                  int t) {
-  __half2 scale[FT][2][2];  // [tile][half][block of the word: words 0-1, 2-3]
-#pragma unroll
-  for (int i = 0; i < FT; ++i)
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const __half2 both = block_scales_f16(sc[i][h]);
-      scale[i][h][0] = __low2half2(both);
-      scale[i][h][1] = __high2half2(both);
-    }
+  __half2 scale[FT][2][2];
+  tile_scales_f16<FT>(sc, scale);
 #pragma unroll
   for (int wd = 0; wd < 4; ++wd) {
     uint32_t P[FT][2][4];
 #pragma unroll
     for (int i = 0; i < FT; ++i)
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const uint32_t q = (&w[i][h].x)[wd];
-        const __half2 sv = scale[i][h][wd >> 1];
-        P[i][h][0] = f16_mul2(e2m1_pair_f16<0>(q), sv);
-        P[i][h][1] = f16_mul2(e2m1_pair_f16<1>(q), sv);
-        P[i][h][2] = f16_mul2(e2m1_pair_f16<2>(q), sv);
-        P[i][h][3] = f16_mul2(e2m1_pair_f16<3>(q), sv);
-      }
+      for (int h = 0; h < 2; ++h) word_codes_f16((&w[i][h].x)[wd], scale[i][h][wd >> 1], P[i][h]);
 #pragma unroll
     for (int b = 0; b < NB; ++b) {
       // Inputs 32 t + 8 wd .. + 7 of staged row 8 b + g, paired (i, i + 4) as the codes are.
