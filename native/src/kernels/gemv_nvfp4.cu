@@ -71,6 +71,15 @@ __device__ __forceinline__ int stage_offset(int r, int s, int t, int wd, int ste
   return (r * steps + s) * kStageStepBytes + t * 64 + ((wd ^ ((t >> 1) & 1) ^ ((r & 1) << 1)) * 16);
 }
 
+// Eight consecutive activations (a: the first four, b: the next) times the norm's weight there (8 bf16).
+__device__ __forceinline__ void times_norm_weight(float4& a, float4& b, uint4 weight) {
+  const __nv_bfloat162* nw = reinterpret_cast<const __nv_bfloat162*>(&weight);
+  const float2 n0 = __bfloat1622float2(nw[0]), n1 = __bfloat1622float2(nw[1]);
+  const float2 n2 = __bfloat1622float2(nw[2]), n3 = __bfloat1622float2(nw[3]);
+  a = make_float4(a.x * n0.x, a.y * n0.y, a.z * n1.x, a.w * n1.y);
+  b = make_float4(b.x * n2.x, b.y * n2.y, b.z * n3.x, b.w * n3.y);
+}
+
 // The weight row that half h (0: mma rows 0-7, 1: rows 8-15) of tile `tile` gives lane group g.
 // Plain: 16 consecutive rows per tile. Paired modes: the tile's 8 pairs, first members in rows
 // 0-7, second members in rows 8-15, so one lane holds both products of a pair. SwiGLU pair j =
@@ -157,14 +166,7 @@ __global__ void __launch_bounds__(W * 32) gemv_nvfp4_kernel(GemvParams prm, cons
       if (in0 < k) {
         const float4* xp = reinterpret_cast<const float4*>(prm.x + (size_t)r * k + in0);
         float4 a = __ldg(xp), b = __ldg(xp + 1);
-        if constexpr (NORM) {
-          const uint4 nw4 = __ldg(reinterpret_cast<const uint4*>(prm.norm_weight + in0));
-          const __nv_bfloat162* nw = reinterpret_cast<const __nv_bfloat162*>(&nw4);
-          const float2 n0 = __bfloat1622float2(nw[0]), n1 = __bfloat1622float2(nw[1]);
-          const float2 n2 = __bfloat1622float2(nw[2]), n3 = __bfloat1622float2(nw[3]);
-          a = make_float4(a.x * n0.x, a.y * n0.y, a.z * n1.x, a.w * n1.y);
-          b = make_float4(b.x * n2.x, b.y * n2.y, b.z * n3.x, b.w * n3.y);
-        }
+        if constexpr (NORM) times_norm_weight(a, b, __ldg(reinterpret_cast<const uint4*>(prm.norm_weight + in0)));
         const float f = row_in[r];
         a = make_float4(a.x * f, a.y * f, a.z * f, a.w * f);
         b = make_float4(b.x * f, b.y * f, b.z * f, b.w * f);
@@ -229,15 +231,7 @@ __global__ void __launch_bounds__(W * 32) gemv_nvfp4_kernel(GemvParams prm, cons
         load_inputs(j + 1, xnext, nnext);
         if constexpr (NORM) {  // the norm's weight; 1 / rms multiplies the finished sums
 #pragma unroll
-          for (int q = 0; q < 4; ++q) {
-            const __nv_bfloat162* nw = reinterpret_cast<const __nv_bfloat162*>(&nw4[q]);
-            const float2 n0 = __bfloat1622float2(nw[0]), n1 = __bfloat1622float2(nw[1]);
-            const float2 n2 = __bfloat1622float2(nw[2]), n3 = __bfloat1622float2(nw[3]);
-            float4& a = xv[2 * q];
-            float4& b = xv[2 * q + 1];
-            a = make_float4(a.x * n0.x, a.y * n0.y, a.z * n1.x, a.w * n1.y);
-            b = make_float4(b.x * n2.x, b.y * n2.y, b.z * n3.x, b.w * n3.y);
-          }
+          for (int q = 0; q < 4; ++q) times_norm_weight(xv[2 * q], xv[2 * q + 1], nw4[q]);
         }
       }
       nvfp4_mma::cp_async_wait<D - 1>();  // step j's group (D + j groups committed so far)
