@@ -35,7 +35,6 @@
 #include <algorithm>
 
 #include "../common.cuh"
-#include "../env.h"
 #include "../launch.cuh"
 #include "gemv_params.cuh"
 #include "nvfp4_mma.cuh"
@@ -49,10 +48,10 @@ using nvfp4_mma::kStepInputs;
 
 // Steps in flight per warp: 2 (a lane already copies 2-4 chunks per step).
 constexpr int kRingDepth = 2;
-template <int FT, int D>
-using Stream = nvfp4_mma::WeightStream<FT, D>;
-template <int FT, int W, int D = kRingDepth>
-constexpr int ring_bytes() { return W * Stream<FT, D>::kWarpBytes; }
+template <int FT>
+using Stream = nvfp4_mma::WeightStream<FT, kRingDepth>;
+template <int FT, int W>
+constexpr int ring_bytes() { return W * Stream<FT>::kWarpBytes; }
 
 // Staged activations (STAGE, fast precision only): the block's rows converted once into fp16 pairs in
 // shared memory, after the ring, in the order a lane reads them: row r, step s, quad lane t, word wd
@@ -96,12 +95,13 @@ __device__ __forceinline__ int tile_row(int tile, int g, int h, int n, int half)
   }
 }
 
-template <int FT, int W, int MODE, bool FAST, bool STAGE, int D, bool PERSIST>
-__global__ void __launch_bounds__(W * 32, PERSIST && W == 8 ? 3 : 1) gemv_nvfp4_kernel(GemvParams prm, const uint8_t* __restrict__ block_scales,
+template <int FT, int W, int MODE, bool FAST, bool STAGE>
+__global__ void __launch_bounds__(W * 32) gemv_nvfp4_kernel(GemvParams prm, const uint8_t* __restrict__ block_scales,
                                                               int rows) {
   constexpr bool SWIGLU = MODE & kModeSwiglu, NORM = MODE & kModeNorm, RESID = MODE & kModeResidual;
   constexpr bool ROPE = MODE & kModeRope;
-  constexpr int kFeatures = 16 * FT;  // mma rows per block tile
+  constexpr int kFeatures = 16 * FT;  // mma rows per block
+  constexpr int D = kRingDepth;
   constexpr int kWarps = W, kThreads = W * 32;
   extern __shared__ __align__(16) unsigned char ring[];
   const int n = prm.n, k = prm.k;
@@ -110,60 +110,20 @@ __global__ void __launch_bounds__(W * 32, PERSIST && W == 8 ? 3 : 1) gemv_nvfp4_
   const int steps = (k + kStepInputs - 1) / kStepInputs;
   const int my_steps = warp < steps ? (steps - 1 - warp) / kWarps + 1 : 0;  // steps warp, warp + W, ...
   const int half = ROPE ? prm.rope.head_dim / 2 : 1;
-  // Block tiles (kFeatures weight rows each): one a block, or (PERSIST) tiles blockIdx.x,
-  // blockIdx.x + gridDim.x, ... for a grid of one wave, whose warps stream the next tile's first
-  // steps while the current tile's sums meet. Each tile's outputs, and its per-tile partials (amax,
-  // sums of squares), are those of a one-tile block: the same bits whatever the grid.
-  const int tiles = (n + kFeatures - 1) / kFeatures;
-  const int my_tiles = PERSIST ? (tiles - 1 - (int)blockIdx.x) / (int)gridDim.x + 1 : 1;
-  auto tile_of = [&](int u) { return (int)blockIdx.x + u * (int)gridDim.x; };
 
-  Stream<FT, D> ws;
-  ws.init(ring + warp * Stream<FT, D>::kWarpBytes, lane, k);
-  auto row_of = [&](int bt, int i, int h) { return (size_t)tile_row<MODE>(bt * FT + i, g, h, n, half); };
-  auto set_source = [&](int bt) {
+  Stream<FT> ws;
+  ws.init(ring + warp * Stream<FT>::kWarpBytes, lane, k);
 #pragma unroll
-    for (int i = 0; i < FT; ++i)
+  for (int i = 0; i < FT; ++i)
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const size_t row = row_of(bt, i, h);
-        ws.set_source(i, h, static_cast<const uint8_t*>(prm.w) + row * (k / 2), block_scales + row * (k / 16));
-      }
-  };
-  auto set_shift = [&](int bt) {
-#pragma unroll
-    for (int i = 0; i < FT; ++i)
-#pragma unroll
-      for (int h = 0; h < 2; ++h) ws.set_shift(i, h, block_scales + row_of(bt, i, h) * (k / 16));
-  };
-  // PERSIST: the issue cursor runs over the warp's steps of its tiles in order, D ahead of the multiplies.
-  int issue_u = 0, issue_j = 0;
-  auto issue_next = [&](int slot) {
-    if (issue_u < my_tiles && my_steps > 0) {
-      ws.issue(warp + issue_j * kWarps, slot);
-      if (++issue_j == my_steps) {
-        issue_j = 0;
-        if (++issue_u < my_tiles) set_source(tile_of(issue_u));
-      }
+    for (int h = 0; h < 2; ++h) {
+      const size_t row = (size_t)tile_row<MODE>(blockIdx.x * FT + i, g, h, n, half);
+      ws.set_row(i, h, static_cast<const uint8_t*>(prm.w) + row * (k / 2), block_scales + row * (k / 16));
     }
-  };
-  if constexpr (PERSIST) {
-    set_source(tile_of(0));
-    set_shift(tile_of(0));
-  } else {
-#pragma unroll
-    for (int i = 0; i < FT; ++i)
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const size_t row = row_of(blockIdx.x, i, h);
-        ws.set_row(i, h, static_cast<const uint8_t*>(prm.w) + row * (k / 2), block_scales + row * (k / 16));
-      }
-  }
   // Weights never change: their first steps are requested before the wait.
 #pragma unroll
   for (int d = 0; d < D; ++d) {
-    if constexpr (PERSIST) issue_next(d);
-    else if (d < my_steps) ws.issue(warp + d * kWarps, d);
+    if (d < my_steps) ws.issue(warp + d * kWarps, d);
     nvfp4_mma::cp_async_commit();
   }
   pdl_wait();
@@ -174,7 +134,7 @@ __global__ void __launch_bounds__(W * 32, PERSIST && W == 8 ? 3 : 1) gemv_nvfp4_
   // (FAST: the activations too, with 1 / x_scale, before they become fp16).
   // FAST: row_in[r] multiplies row r's activations before fp16, row_out[r] its finished sums.
   __shared__ float inv_rms[kGemvMaxRows], row_in[kGemvMaxRows], row_out[kGemvMaxRows];
-  __shared__ unsigned row_max[kGemvMaxRows];  // FAST SwiGLU: the tile's max |y| per row (float bits)
+  __shared__ unsigned row_max[kGemvMaxRows];  // FAST SwiGLU: the block's max |y| per row (float bits)
   for (int r = warp; r < rows; r += kWarps) {
     if constexpr (NORM) {
       float sq = 0.f;
@@ -197,7 +157,7 @@ __global__ void __launch_bounds__(W * 32, PERSIST && W == 8 ? 3 : 1) gemv_nvfp4_
 
   // STAGE: every row's activations, as the unstaged loop prepares them (the same products in the same
   // order, so the same bits), once for the block; zeros past k, as the ring's codes there.
-  unsigned char* stage = ring + ring_bytes<FT, W, D>();
+  unsigned char* stage = ring + ring_bytes<FT, W>();
   if constexpr (STAGE) {
     const int chunks = steps * 16;  // 8 inputs each, a row padded to whole steps
     for (int q = threadIdx.x; q < rows * chunks; q += kThreads) {
@@ -222,6 +182,12 @@ __global__ void __launch_bounds__(W * 32, PERSIST && W == 8 ? 3 : 1) gemv_nvfp4_
 
   const bool has_x = g < rows;
   const float* xr = prm.x + (size_t)min(g, rows - 1) * k;
+  float acc[FT][4];
+#pragma unroll
+  for (int i = 0; i < FT; ++i)
+#pragma unroll
+    for (int j = 0; j < 4; ++j) acc[i][j] = 0.f;
+
   // A step's inputs for this lane: 32 floats of its batch row and, with the norm, its weight there.
   auto load_inputs = [&](int j, float4 (&xv)[8], uint4 (&nv)[4]) {
     const int in0 = (warp + j * kWarps) * kStepInputs + 32 * t;
@@ -235,15 +201,70 @@ __global__ void __launch_bounds__(W * 32, PERSIST && W == 8 ? 3 : 1) gemv_nvfp4_
       for (int q = 0; q < 4; ++q) nv[q] = ok ? __ldg(np + q) : make_uint4(0u, 0u, 0u, 0u);
     }
   };
+  // Step j + 1's inputs are requested before step j is multiplied: they come from L2, and a request
+  // issued at the top of its own step stalled the warp for the round trip (8B NVFP4 batch-1 decode
+  // step, H200: 3,701 -> 3,185 us; docs/BENCHMARKS.md).
+  float4 xnext[8];
+  uint4 nnext[4];
+  if constexpr (!STAGE) load_inputs(0, xnext, nnext);
   const int stage_row = min(g, rows - 1);
+
+  // Unrolled by the ring's depth, so each step's slot is a constant.
+  for (int j0 = 0; j0 < my_steps; j0 += D) {
+#pragma unroll
+    for (int slot = 0; slot < D; ++slot) {
+      const int j = j0 + slot;
+      if (j >= my_steps) break;
+      const int s = warp + j * kWarps;
+      uint4 xh[4];  // STAGE: this lane's 32 activations of the step, as fp16 pairs
+      float4 xv[8];
+      if constexpr (STAGE) {
+#pragma unroll
+        for (int wd = 0; wd < 4; ++wd)
+          xh[wd] = *reinterpret_cast<const uint4*>(stage + stage_offset(stage_row, s, t, wd, steps));
+      } else {
+        uint4 nw4[4];
+#pragma unroll
+        for (int q = 0; q < 8; ++q) xv[q] = xnext[q];
+#pragma unroll
+        for (int q = 0; q < 4; ++q) nw4[q] = nnext[q];
+        load_inputs(j + 1, xnext, nnext);
+        if constexpr (NORM) {  // the norm's weight; 1 / rms multiplies the finished sums
+#pragma unroll
+          for (int q = 0; q < 4; ++q) times_norm_weight(xv[2 * q], xv[2 * q + 1], nw4[q]);
+        }
+      }
+      nvfp4_mma::cp_async_wait<D - 1>();  // step j's group (D + j groups committed so far)
+      uint4 w[FT][2];
+      uint32_t sc[FT][2];
+      ws.fetch(slot, w, sc);
+      if constexpr (STAGE) {
+        nvfp4_mma::tile_step_f16_halves<FT>(acc, w, sc, xh);
+      } else if constexpr (FAST) {
+        const float f = row_in[min(g, rows - 1)];
+#pragma unroll
+        for (int q = 0; q < 8; ++q) xv[q] = make_float4(xv[q].x * f, xv[q].y * f, xv[q].z * f, xv[q].w * f);
+        nvfp4_mma::tile_step_f16<FT>(acc, w, sc, xv);
+      } else {
+        nvfp4_mma::tile_step<FT>(acc, w, sc, xv);
+      }
+      // The slot is free once its values are multiplied: the step D ahead goes into it.
+      if (j + D < my_steps) ws.issue(s + D * kWarps, slot);
+      nvfp4_mma::cp_async_commit();
+    }
+  }
+
   // acc[i] = (tile row g, batch 2t, 2t + 1), (tile row g + 8, batch 2t, 2t + 1); the warps' sums
-  // meet here and are added in warp order. STAGE without PERSIST: they meet in the ring, free once
-  // every warp is past its last step (static shared memory freed for a deeper ring).
-  constexpr bool kPartInRing = STAGE && !PERSIST;
-  __shared__ float part_static[kPartInRing ? 1 : kWarps][kFeatures][kGemvMaxRows];
-  using Part = float[kFeatures][kGemvMaxRows];
-  Part* part = kPartInRing ? reinterpret_cast<Part*>(ring) : part_static;
-  static_assert(!kPartInRing || sizeof(float) * kWarps * kFeatures * kGemvMaxRows <= ring_bytes<FT, W, D>());
+  // meet here and are added in warp order.
+  __shared__ float part[kWarps][kFeatures][kGemvMaxRows];
+#pragma unroll
+  for (int i = 0; i < FT; ++i) {
+    part[warp][16 * i + g][2 * t] = acc[i][0];
+    part[warp][16 * i + g][2 * t + 1] = acc[i][1];
+    part[warp][16 * i + g + 8][2 * t] = acc[i][2];
+    part[warp][16 * i + g + 8][2 * t + 1] = acc[i][3];
+  }
+  __syncthreads();
   // The global scale, and the decoded weights' 2^-7 (bf16 codes) or 2^-14 (fp16 codes).
   const float scale = prm.w_scale * (FAST ? 16384.f : 128.f);
   auto total = [&](int f, int r) {
@@ -255,138 +276,47 @@ __global__ void __launch_bounds__(W * 32, PERSIST && W == 8 ? 3 : 1) gemv_nvfp4_
     else if constexpr (NORM) v *= inv_rms[r];
     return v;
   };
-
-  // Step j of the current tile from ring step `slot` into acc (the inputs of step j + 1 requested
-  // first where they come from L2).
-  auto multiply_step = [&](int j, int slot, float (&acc)[FT][4], float4 (&xnext)[8], uint4 (&nnext)[4]) {
-    const int s = warp + j * kWarps;
-    uint4 xh[4];  // STAGE: this lane's 32 activations of the step, as fp16 pairs
-    float4 xv[8];
-    if constexpr (STAGE) {
-#pragma unroll
-      for (int wd = 0; wd < 4; ++wd)
-        xh[wd] = *reinterpret_cast<const uint4*>(stage + stage_offset(stage_row, s, t, wd, steps));
-    } else {
-      uint4 nw4[4];
-#pragma unroll
-      for (int q = 0; q < 8; ++q) xv[q] = xnext[q];
-#pragma unroll
-      for (int q = 0; q < 4; ++q) nw4[q] = nnext[q];
-      load_inputs(j + 1, xnext, nnext);
-      if constexpr (NORM) {  // the norm's weight; 1 / rms multiplies the finished sums
-#pragma unroll
-        for (int q = 0; q < 4; ++q) times_norm_weight(xv[2 * q], xv[2 * q + 1], nw4[q]);
+  if constexpr (SWIGLU || ROPE) {
+    const int pairs = n / 2;
+    for (int q = threadIdx.x; q < 8 * FT * rows; q += kThreads) {
+      const int lp = q / rows, r = q - lp * rows;
+      const int i = lp / 8, gg = lp % 8;
+      const int pair = (blockIdx.x * FT + i) * 8 + gg;
+      if (pair >= pairs) continue;
+      const float first = total(16 * i + gg, r), second = total(16 * i + gg + 8, r);
+      if constexpr (SWIGLU) {
+        const float y = first / (1.f + expf(-first)) * second;
+        prm.out[(size_t)r * pairs + pair] = y;
+        if (FAST) atomicMax(&row_max[r], __float_as_uint(fabsf(y)));  // non-negative: bits order as values
+      } else {
+        rope_store(prm.rope, r, pair / half, pair % half, first, second);
       }
     }
-    nvfp4_mma::cp_async_wait<D - 1>();  // this step's group (D groups committed since it)
-    uint4 w[FT][2];
-    uint32_t sc[FT][2];
-    ws.fetch(slot, w, sc);
-    if constexpr (STAGE) {
-      nvfp4_mma::tile_step_f16_halves<FT>(acc, w, sc, xh);
-    } else if constexpr (FAST) {
-      const float f = row_in[min(g, rows - 1)];
-#pragma unroll
-      for (int q = 0; q < 8; ++q) xv[q] = make_float4(xv[q].x * f, xv[q].y * f, xv[q].z * f, xv[q].w * f);
-      nvfp4_mma::tile_step_f16<FT>(acc, w, sc, xv);
-    } else {
-      nvfp4_mma::tile_step<FT>(acc, w, sc, xv);
+    if constexpr (FAST && SWIGLU) {
+      __syncthreads();
+      if (prm.amax_out && threadIdx.x < rows)
+        prm.amax_out[(size_t)threadIdx.x * gridDim.x + blockIdx.x] = __uint_as_float(row_max[threadIdx.x]);
     }
-  };
-
-  // Block tile bt's sums: the warps' partials meet, then the epilogue of MODE writes its outputs.
-  auto finish_tile = [&](int bt, const float (&acc)[FT][4]) {
-    if constexpr (kPartInRing) __syncthreads();
-#pragma unroll
-    for (int i = 0; i < FT; ++i) {
-      part[warp][16 * i + g][2 * t] = acc[i][0];
-      part[warp][16 * i + g][2 * t + 1] = acc[i][1];
-      part[warp][16 * i + g + 8][2 * t] = acc[i][2];
-      part[warp][16 * i + g + 8][2 * t + 1] = acc[i][3];
-    }
-    __syncthreads();
-    if constexpr (SWIGLU || ROPE) {
-      const int pairs = n / 2;
-      for (int q = threadIdx.x; q < 8 * FT * rows; q += kThreads) {
-        const int lp = q / rows, r = q - lp * rows;
-        const int i = lp / 8, gg = lp % 8;
-        const int pair = (bt * FT + i) * 8 + gg;
-        if (pair >= pairs) continue;
-        const float first = total(16 * i + gg, r), second = total(16 * i + gg + 8, r);
-        if constexpr (SWIGLU) {
-          const float y = first / (1.f + expf(-first)) * second;
-          prm.out[(size_t)r * pairs + pair] = y;
-          if (FAST) atomicMax(&row_max[r], __float_as_uint(fabsf(y)));  // non-negative: bits order as values
-        } else {
-          rope_store(prm.rope, r, pair / half, pair % half, first, second);
-        }
+  } else if constexpr (RESID) {
+    __shared__ float scratch[32];
+    const int f = blockIdx.x * kFeatures + threadIdx.x;
+    for (int r = 0; r < rows; ++r) {
+      float sq = 0.f;
+      if (threadIdx.x < kFeatures && f < n) {
+        float* o = prm.out + (size_t)r * n + f;
+        const float nv = *o + total(threadIdx.x, r);
+        *o = nv;
+        sq = nv * nv;
       }
-      if constexpr (FAST && SWIGLU) {
-        __syncthreads();
-        if (prm.amax_out && threadIdx.x < rows)
-          prm.amax_out[(size_t)threadIdx.x * tiles + bt] = __uint_as_float(row_max[threadIdx.x]);
-        if (PERSIST && threadIdx.x < rows) row_max[threadIdx.x] = 0u;  // read above by this thread alone
-      }
-    } else if constexpr (RESID) {
-      __shared__ float scratch[32];
-      const int f = bt * kFeatures + threadIdx.x;
-      for (int r = 0; r < rows; ++r) {
-        float sq = 0.f;
-        if (threadIdx.x < kFeatures && f < n) {
-          float* o = prm.out + (size_t)r * n + f;
-          const float nv = *o + total(threadIdx.x, r);
-          *o = nv;
-          sq = nv * nv;
-        }
-        sq = block_sum(sq, scratch);
-        if (threadIdx.x == 0) prm.resid_partials[(size_t)r * tiles + bt] = sq;
-      }
-    } else {
-      for (int q = threadIdx.x; q < kFeatures * rows; q += kThreads) {
-        const int f = q / rows, r = q - f * rows;
-        const int feature = bt * kFeatures + f;
-        if (feature < n) prm.out[(size_t)r * n + feature] = total(f, r);
-      }
-    }
-  };
-
-  float4 xnext[8];
-  uint4 nnext[4];
-  if constexpr (PERSIST) {
-    static_assert(STAGE, "the persistent grid reads staged activations");
-    int slot = 0;  // the ring step the next multiply reads (steps are consumed in issue order)
-    for (int u = 0; u < my_tiles; ++u) {
-      const int bt = tile_of(u);
-      if (u > 0) set_shift(bt);
-      float acc[FT][4] = {};
-      for (int j = 0; j < my_steps; ++j) {
-        multiply_step(j, slot, acc, xnext, nnext);
-        issue_next(slot);  // into the slot just read: the step D ahead, maybe the next tile's
-        nvfp4_mma::cp_async_commit();
-        slot = slot + 1 == D ? 0 : slot + 1;
-      }
-      finish_tile(bt, acc);
-      __syncthreads();  // the sums read before the next tile's are written
+      sq = block_sum(sq, scratch);
+      if (threadIdx.x == 0) prm.resid_partials[(size_t)r * gridDim.x + blockIdx.x] = sq;
     }
   } else {
-    float acc[FT][4] = {};
-    // Step j + 1's inputs are requested before step j is multiplied: they come from L2, and a request
-    // issued at the top of its own step stalled the warp for the round trip (8B NVFP4 batch-1 decode
-    // step, H200: 3,701 -> 3,185 us; docs/BENCHMARKS.md).
-    if constexpr (!STAGE) load_inputs(0, xnext, nnext);
-    // Unrolled by the ring's depth, so each step's slot is a constant.
-    for (int j0 = 0; j0 < my_steps; j0 += D) {
-#pragma unroll
-      for (int slot = 0; slot < D; ++slot) {
-        const int j = j0 + slot;
-        if (j >= my_steps) break;
-        multiply_step(j, slot, acc, xnext, nnext);
-        // The slot is free once its values are multiplied: the step D ahead goes into it.
-        if (j + D < my_steps) ws.issue(warp + (j + D) * kWarps, slot);
-        nvfp4_mma::cp_async_commit();
-      }
+    for (int q = threadIdx.x; q < kFeatures * rows; q += kThreads) {
+      const int f = q / rows, r = q - f * rows;
+      const int feature = blockIdx.x * kFeatures + f;
+      if (feature < n) prm.out[(size_t)r * n + feature] = total(f, r);
     }
-    finish_tile(blockIdx.x, acc);
   }
 }
 
@@ -410,54 +340,31 @@ int tiles_per_warp(int rows, int n) {
   return (n >= 16384 && rows >= 4) || (n >= 6144 && rows >= 8) ? 4 : 2;
 }
 
-template <int FT, int W, int MODE, bool FAST, bool STAGE, int D = kRingDepth, bool PERSIST = false>
+template <int FT, int W, int MODE, bool FAST, bool STAGE>
 void launch_precision(const GemvParams& prm, const uint8_t* scales, int rows, int stage_bytes, cudaStream_t stream) {
-  constexpr auto kernel = gemv_nvfp4_kernel<FT, W, MODE, FAST, STAGE, D, PERSIST>;
-  const int tiles = (prm.n + 16 * FT - 1) / (16 * FT);
+  const int blocks = (prm.n + 16 * FT - 1) / (16 * FT);
   // The ring (and the staged rows) are dynamic shared memory; with the static arrays they may pass
   // the default 48 KB, never the device's limit (the launcher stages only what fits: stage_fits).
   static const bool sized = [] {
-    constexpr int kMaxDynamic = ring_bytes<FT, W, D>() + (STAGE ? kStageMaxBytes : 0);
+    constexpr int kMaxDynamic = ring_bytes<FT, W>() + (STAGE ? kStageMaxBytes : 0);
     const int room = smem_per_block_optin() - static_bytes_bound<FT, W>();
-    HEARTH_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                     std::max(std::min(kMaxDynamic, room), ring_bytes<FT, W, D>())));
+    HEARTH_CUDA(cudaFuncSetAttribute(gemv_nvfp4_kernel<FT, W, MODE, FAST, STAGE>,
+                                     cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                     std::max(std::min(kMaxDynamic, room), ring_bytes<FT, W>())));
     return true;
   }();
   (void)sized;
-  const int smem = ring_bytes<FT, W, D>() + stage_bytes;
-  int blocks = tiles;
-  if constexpr (PERSIST) {  // one wave: the blocks an SM holds at this shared memory, times the SMs
-    static int asked_smem[16] = {}, per_sm[16] = {};  // by shared memory; asked once, before any capture
-    int slot = 0;
-    while (slot < 15 && asked_smem[slot] && asked_smem[slot] != smem) ++slot;
-    if (asked_smem[slot] != smem) {
-      HEARTH_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm[slot], kernel, W * 32, smem));
-      asked_smem[slot] = smem;
-    }
-    blocks = std::min(tiles, std::max(per_sm[slot], 1) * sm_count());
-  }
-  launch_pdl(kernel, blocks, W * 32, smem, stream, prm, scales, rows);
+  launch_pdl(gemv_nvfp4_kernel<FT, W, MODE, FAST, STAGE>, blocks, W * 32, ring_bytes<FT, W>() + stage_bytes, stream,
+             prm, scales, rows);
 }
 
 // Whether `rows` staged rows of `stage_bytes` fit the device beside the ring and the static arrays:
 // always on Hopper (227 KB) and A100; on Ada and consumer Ampere (99 KB) not at 16 warps a block past
 // a few KB, where the ring alone takes 80 KB.
-template <int FT, int W, int D = kRingDepth>
+template <int FT, int W>
 bool stage_fits(int stage_bytes) {
   return stage_bytes <= kStageMaxBytes &&
-         ring_bytes<FT, W, D>() + stage_bytes + static_bytes_bound<FT, W>() <= smem_per_block_optin();
-}
-
-// A/B switch (temporary): HEARTH_GEMV_DEPTH=3|4, the staged kernel's ring depth (default 2).
-int stage_depth() {
-  static const int d = env_is("HEARTH_GEMV_DEPTH", "4") ? 4 : env_is("HEARTH_GEMV_DEPTH", "3") ? 3 : 2;
-  return d;
-}
-// A/B switch (temporary): HEARTH_GEMV_PERSIST=1, the staged kernel's blocks take tiles in a grid of one
-// wave (depths 2 and 4).
-bool stage_persist() {
-  static const bool on = env_is("HEARTH_GEMV_PERSIST", "1");
-  return on;
+         ring_bytes<FT, W>() + stage_bytes + static_bytes_bound<FT, W>() <= smem_per_block_optin();
 }
 
 template <int FT, int W, int MODE>
@@ -467,17 +374,8 @@ void launch_kernel(const GemvParams& prm, const uint8_t* scales, int rows, cudaS
     // SM's shared memory: staging would cost the second block).
     const int stage_bytes = rows * ((prm.k + kStepInputs - 1) / kStepInputs) * kStageStepBytes;
     if constexpr (FT == 2) {
-      const int depth = stage_depth();
-      if (depth == 4 && stage_fits<FT, W, 4>(stage_bytes)) {
-        if (stage_persist()) return launch_precision<FT, W, MODE, true, true, 4, true>(prm, scales, rows, stage_bytes, stream);
-        return launch_precision<FT, W, MODE, true, true, 4>(prm, scales, rows, stage_bytes, stream);
-      }
-      if (depth == 3 && stage_fits<FT, W, 3>(stage_bytes))
-        return launch_precision<FT, W, MODE, true, true, 3>(prm, scales, rows, stage_bytes, stream);
-      if (stage_fits<FT, W>(stage_bytes)) {
-        if (stage_persist()) return launch_precision<FT, W, MODE, true, true, 2, true>(prm, scales, rows, stage_bytes, stream);
+      if (stage_fits<FT, W>(stage_bytes))
         return launch_precision<FT, W, MODE, true, true>(prm, scales, rows, stage_bytes, stream);
-      }
     }
     launch_precision<FT, W, MODE, true, false>(prm, scales, rows, 0, stream);
   } else {

@@ -314,16 +314,8 @@ struct WeightStream {
 
   // Tile i, half h: the row's codes (k / 2 bytes) and block scales (k / 16 bytes).
   __device__ __forceinline__ void set_row(int i, int h, const uint8_t* code_row, const uint8_t* scale_row) {
-    set_source(i, h, code_row, scale_row);
-    set_shift(i, h, scale_row);
-  }
-  // The two halves of set_row, for a stream whose issues run into the next rows while the current
-  // rows' steps are still fetched: the rows issue() reads, and the scale shift fetch() applies.
-  __device__ __forceinline__ void set_source(int i, int h, const uint8_t* code_row, const uint8_t* scale_row) {
     codes[i][h] = code_row + 16 * t;
     scales[i][h] = scale_row;
-  }
-  __device__ __forceinline__ void set_shift(int i, int h, const uint8_t* scale_row) {
     shift[i][h] = (uint32_t)((reinterpret_cast<uintptr_t>(scale_row) + 2 * t) & 2u) * 8u;
   }
 
