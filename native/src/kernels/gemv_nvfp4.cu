@@ -66,6 +66,9 @@ constexpr int kStageMaxBytes = 32 * 1024;   // down (14336 inputs) at one row is
 // room to spare, the per-row scalars and the residual's scratch.
 template <int FT, int W>
 constexpr int static_bytes_bound() { return W * 16 * FT * kGemvMaxRows * 4 + 1024; }
+// The dynamic shared memory (ring and staged rows) a block may take on this device beside them.
+template <int FT, int W>
+int dynamic_bytes_room() { return smem_per_block_optin() - static_bytes_bound<FT, W>(); }
 
 __device__ __forceinline__ int stage_offset(int r, int s, int t, int wd, int steps) {
   return (r * steps + s) * kStageStepBytes + t * 64 + ((wd ^ ((t >> 1) & 1) ^ ((r & 1) << 1)) * 16);
@@ -347,10 +350,9 @@ void launch_precision(const GemvParams& prm, const uint8_t* scales, int rows, in
   // the default 48 KB, never the device's limit (the launcher stages only what fits: stage_fits).
   static const bool sized = [] {
     constexpr int kMaxDynamic = ring_bytes<FT, W>() + (STAGE ? kStageMaxBytes : 0);
-    const int room = smem_per_block_optin() - static_bytes_bound<FT, W>();
     HEARTH_CUDA(cudaFuncSetAttribute(gemv_nvfp4_kernel<FT, W, MODE, FAST, STAGE>,
                                      cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                     std::max(std::min(kMaxDynamic, room), ring_bytes<FT, W>())));
+                                     std::max(std::min(kMaxDynamic, dynamic_bytes_room<FT, W>()), ring_bytes<FT, W>())));
     return true;
   }();
   (void)sized;
@@ -363,8 +365,7 @@ void launch_precision(const GemvParams& prm, const uint8_t* scales, int rows, in
 // a few KB, where the ring alone takes 80 KB.
 template <int FT, int W>
 bool stage_fits(int stage_bytes) {
-  return stage_bytes <= kStageMaxBytes &&
-         ring_bytes<FT, W>() + stage_bytes + static_bytes_bound<FT, W>() <= smem_per_block_optin();
+  return stage_bytes <= kStageMaxBytes && ring_bytes<FT, W>() + stage_bytes <= dynamic_bytes_room<FT, W>();
 }
 
 template <int FT, int W, int MODE>
