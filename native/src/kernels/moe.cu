@@ -32,6 +32,7 @@
 #include <type_traits>
 
 #include "../common.cuh"
+#include "../env.h"
 #include "../launch.cuh"
 #include "kernels.h"
 #include "nvfp4.cuh"
@@ -324,18 +325,17 @@ __global__ void moe_down_gemv_kernel(const float* __restrict__ act, MoeExperts e
 // Four blocks an SM (64 registers, a few bytes spilled; 73-76 left three): more weight bytes in flight,
 // measured on Qwen3-30B-A3B NVFP4 (H100): the expert kernels 18.3 -> 17.2 ms a step at 64 rows,
 // batch 64 aggregate 2,415 -> 2,511 tok/s, batch 1 357 -> 361.
-constexpr int kMmaWarps = 8;
-constexpr int kMmaDepth = 2;  // steps in flight per warp (gate_up's k = 2048 is 2 steps a warp)
-using ExpertStream = nvfp4_mma::WeightStream<1, kMmaDepth>;
-constexpr int kMmaRingBytes = kMmaWarps * ExpertStream::kWarpBytes;
-
-template <bool GATE_UP, bool PER_PAIR>
-__global__ void __launch_bounds__(kMmaWarps * 32, 4)
+// A/B (temporary, HEARTH_MOE_EXPERT_WARPS=4, HEARTH_MOE_GATE_UP_DEPTH=2|4): 4 warps a block at 8
+// blocks an SM (the same 64 registers), so a batch-1 layer's 768 gate_up and 1,024 down blocks fit
+// one wave of 1,056 on the H100 (528 places at 8 warps: 1.45 and 1.94 waves).
+template <bool GATE_UP, bool PER_PAIR, int kMmaWarps, int kMmaDepth>
+__global__ void __launch_bounds__(kMmaWarps * 32, 32 / kMmaWarps)
     moe_expert_mma_kernel(const float* __restrict__ x, MoeExperts ex, const int32_t* __restrict__ pair_expert,
                           const int32_t* __restrict__ sorted, const int32_t* __restrict__ tiles, int top_k,
                           float* __restrict__ out) {
   using namespace nvfp4_mma;
-  __shared__ __align__(16) unsigned char ring[kMmaRingBytes];
+  using ExpertStream = WeightStream<1, kMmaDepth>;
+  __shared__ __align__(16) unsigned char ring[kMmaWarps * ExpertStream::kWarpBytes];
   const int tile = blockIdx.x;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int g = lane >> 2, t = lane & 3;
@@ -808,6 +808,25 @@ void check_experts(const MoeExperts& ex) {
                  "moe: hidden and expert sizes must be multiples of 16");
 }
 
+// A/B switch (temporary): the expert kernel's warps a block (HEARTH_MOE_EXPERT_WARPS=4: 8 blocks an
+// SM) and, at 4 warps, gate_up's ring depth (HEARTH_MOE_GATE_UP_DEPTH=2, default 4). The same warps
+// on both paths, so per-pair and tiled results stay bit-identical.
+template <typename F, typename PerPair>
+void with_expert_config(bool gate_up, F&& f, PerPair) {
+  constexpr bool P = PerPair::value;
+  static const bool four = env_is("HEARTH_MOE_EXPERT_WARPS", "4");
+  static const bool shallow = env_is("HEARTH_MOE_GATE_UP_DEPTH", "2");
+  if (!four) {
+    if (gate_up) f(moe_expert_mma_kernel<true, P, 8, 2>, 8);
+    else f(moe_expert_mma_kernel<false, P, 8, 2>, 8);
+  } else if (gate_up) {
+    if (shallow) f(moe_expert_mma_kernel<true, P, 4, 2>, 4);
+    else f(moe_expert_mma_kernel<true, P, 4, 4>, 4);
+  } else {
+    f(moe_expert_mma_kernel<false, P, 4, 2>, 4);
+  }
+}
+
 }  // namespace
 
 bool moe_shape_supported(int hidden, int inter) { return hidden % 16 == 0 && inter % 16 == 0; }
@@ -857,13 +876,10 @@ void launch_moe_expert_gemv(const float* x, const MoeExperts& ex, const int32_t*
   const bool nvfp4 = ex.gate_up.format == WeightFormat::NvFp4;
   if (moe_tiled_gemv_supported(ex)) {
     const int32_t* none = nullptr;
-    if (gate_up) {
-      launch_pdl(moe_expert_mma_kernel<true, true>, dim3((ex.inter + 7) / 8, pairs), kMmaWarps * 32, 0, stream,
-                 x, ex, pair_expert, none, none, top_k, out);
-    } else {
-      launch_pdl(moe_expert_mma_kernel<false, true>, dim3((ex.hidden + 15) / 16, pairs), kMmaWarps * 32, 0, stream,
-                 x, ex, pair_expert, none, none, top_k, out);
-    }
+    with_expert_config(gate_up, [&](auto kernel, int warps) {
+      const dim3 grid(gate_up ? (ex.inter + 7) / 8 : (ex.hidden + 15) / 16, pairs);
+      launch_pdl(kernel, grid, warps * 32, 0, stream, x, ex, pair_expert, none, none, top_k, out);
+    }, std::true_type{});
     HEARTH_CHECK_LAUNCH("moe_expert_mma_kernel");
     return;
   }
@@ -888,13 +904,10 @@ void launch_moe_expert_tiles(const float* x, const MoeExperts& ex, const int32_t
   HEARTH_REQUIRE(max_tiles >= 0 && max_tiles <= 65535 && top_k > 0, "moe expert tiles: bad tile count");
   if (max_tiles == 0) return;
   const int32_t* none = nullptr;
-  if (gate_up) {
-    launch_pdl(moe_expert_mma_kernel<true, false>, dim3((ex.inter + 7) / 8, max_tiles), kMmaWarps * 32, 0, stream,
-               x, ex, none, sorted, tiles, top_k, out);
-  } else {
-    launch_pdl(moe_expert_mma_kernel<false, false>, dim3((ex.hidden + 15) / 16, max_tiles), kMmaWarps * 32, 0,
-               stream, x, ex, none, sorted, tiles, top_k, out);
-  }
+  with_expert_config(gate_up, [&](auto kernel, int warps) {
+    const dim3 grid(gate_up ? (ex.inter + 7) / 8 : (ex.hidden + 15) / 16, max_tiles);
+    launch_pdl(kernel, grid, warps * 32, 0, stream, x, ex, none, sorted, tiles, top_k, out);
+  }, std::false_type{});
   HEARTH_CHECK_LAUNCH("moe_expert_mma_kernel");
 }
 
