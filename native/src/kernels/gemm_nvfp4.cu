@@ -23,7 +23,6 @@
 #include <array>
 
 #include "../common.cuh"
-#include "../env.h"
 #include "../launch.cuh"
 #include "cluster_split.cuh"
 #include "kernels.h"
@@ -54,9 +53,10 @@ struct Layout {
 };
 
 template <int NB, int FT>
-__device__ __forceinline__ void gemm_nvfp4_body(const f16* __restrict__ x, const uint8_t* __restrict__ codes,
-                                                const uint8_t* __restrict__ block_scales, int rows, int n, int k,
-                                                int steps_per_slice, float alpha, float* __restrict__ out) {
+__global__ void __launch_bounds__(kThreads) gemm_nvfp4_kernel(const f16* __restrict__ x, const uint8_t* __restrict__ codes,
+                                                              const uint8_t* __restrict__ block_scales, int rows, int n,
+                                                              int k, int steps_per_slice, float alpha,
+                                                              float* __restrict__ out) {
   using namespace nvfp4_mma;
   using L = Layout<NB, FT>;
   extern __shared__ __align__(16) unsigned char smem[];
@@ -144,46 +144,23 @@ __device__ __forceinline__ void gemm_nvfp4_body(const f16* __restrict__ x, const
 }
 
 template <int NB, int FT>
-__global__ void __launch_bounds__(kThreads) gemm_nvfp4_kernel(const f16* __restrict__ x, const uint8_t* __restrict__ codes,
-                                                              const uint8_t* __restrict__ block_scales, int rows, int n,
-                                                              int k, int steps_per_slice, float alpha,
-                                                              float* __restrict__ out) {
-  gemm_nvfp4_body<NB, FT>(x, codes, block_scales, rows, n, k, steps_per_slice, alpha, out);
-}
-
-// A/B candidate (temporary switch HEARTH_GEMM_TWO_BLOCKS=1): 33-64 rows at two blocks an SM (128
-// registers, a few bytes spilled; 162 and one block, 2 warps a scheduler, without). The shared memory
-// (108 KB a block) fits twice.
-template <int NB, int FT>
-__global__ void __launch_bounds__(kThreads, 2) gemm_nvfp4_two_blocks_kernel(
-    const f16* __restrict__ x, const uint8_t* __restrict__ codes, const uint8_t* __restrict__ block_scales, int rows,
-    int n, int k, int steps_per_slice, float alpha, float* __restrict__ out) {
-  gemm_nvfp4_body<NB, FT>(x, codes, block_scales, rows, n, k, steps_per_slice, alpha, out);
-}
-
-template <int NB, int FT, bool TWO>
-auto kernel_of() {
-  if constexpr (TWO) return gemm_nvfp4_two_blocks_kernel<NB, FT>;
-  else return gemm_nvfp4_kernel<NB, FT>;
-}
-
-template <int NB, int FT, bool TWO>
 const std::array<int, kMaxSlices + 1>& concurrent_clusters() {
-  static const auto counts = cluster_split::concurrent_clusters(kernel_of<NB, FT, TWO>(), kThreads, Layout<NB, FT>::kBytes);
+  static const auto counts =
+      cluster_split::concurrent_clusters(gemm_nvfp4_kernel<NB, FT>, kThreads, Layout<NB, FT>::kBytes);
   return counts;
 }
 
-template <int NB, int FT, bool TWO = false>
+template <int NB, int FT>
 void launch_tiles(const Fp16Operand& x, const WeightView& w, float* out, int rows, int n, int k,
                   cudaStream_t stream) {
   using L = Layout<NB, FT>;
   const int blocks = (n + L::kBlockRows - 1) / L::kBlockRows;
   const int steps = (k + kStepInputs - 1) / kStepInputs;
   int per = 0;
-  const int slices = cluster_split::slices_for(blocks, steps, concurrent_clusters<NB, FT, TWO>(), &per);
-  launch_pdl_cluster(kernel_of<NB, FT, TWO>(), dim3(blocks, slices),
-                     kThreads, L::kBytes, dim3(1, slices, 1), stream, x.data, static_cast<const uint8_t*>(w.data),
-                     w.block_scales, rows, n, k, per, x.scale * w.scale, out);
+  const int slices = cluster_split::slices_for(blocks, steps, concurrent_clusters<NB, FT>(), &per);
+  launch_pdl_cluster(gemm_nvfp4_kernel<NB, FT>, dim3(blocks, slices), kThreads, L::kBytes, dim3(1, slices, 1),
+                     stream, x.data, static_cast<const uint8_t*>(w.data), w.block_scales, rows, n, k, per,
+                     x.scale * w.scale, out);
   HEARTH_CHECK_LAUNCH("gemm_nvfp4_kernel");
 }
 
@@ -202,7 +179,6 @@ void launch_gemm_nvfp4(const Fp16Operand& x, const WeightView& w, float* out, in
                  "gemm_nvfp4: 1..64 rows, k a multiple of 32");
   if (rows <= 16) launch_tiles<2, 1>(x, w, out, rows, n, k, stream);
   else if (rows <= 32) launch_tiles<4, 2>(x, w, out, rows, n, k, stream);
-  else if (static const bool two = env_is("HEARTH_GEMM_TWO_BLOCKS", "1"); two) launch_tiles<8, 2, true>(x, w, out, rows, n, k, stream);
   else launch_tiles<8, 2>(x, w, out, rows, n, k, stream);
 }
 
