@@ -32,7 +32,6 @@
 #include <type_traits>
 
 #include "../common.cuh"
-#include "../env.h"
 #include "../launch.cuh"
 #include "kernels.h"
 #include "nvfp4.cuh"
@@ -314,28 +313,34 @@ __global__ void moe_down_gemv_kernel(const float* __restrict__ act, MoeExperts e
 
 // NVFP4 experts whose input size is a multiple of 32 (every real shape): the expert GEMV on tensor
 // cores, as gemv_nvfp4.cu does for dense projections (nvfp4_mma.cuh): block (tile, column set) = 16
-// weight rows of one expert, its 8 warps splitting k in 128-input steps, the codes streamed through
+// weight rows of one expert, its 4 warps splitting k in 128-input steps, the codes streamed through
 // each warp's cp.async ring. The mma's batch columns are the block's rows of activations: one pair
 // (PER_PAIR, decode: blockIdx.y = pair p, expert pair_expert[p]) or a sorted tile of up to 8 pairs of
 // one expert (9-64 rows at the exact precision: moe_sort with 8-row tiles; an expert is read once per
 // 8 of its rows; the fast precision takes moe_grouped_nvfp4_kernel's 8-row tiles there).
 // gate_up: the tile's rows 0-7 are gate rows j, rows 8-15 the matching up rows, so a lane holds
 // both sums of an output; down: 16 consecutive output rows. Sums added in warp order: a pair's
-// result does not depend on the other pairs of its block.
-// Four blocks an SM (64 registers, a few bytes spilled; 73-76 left three): more weight bytes in flight,
-// measured on Qwen3-30B-A3B NVFP4 (H100): the expert kernels 18.3 -> 17.2 ms a step at 64 rows,
-// batch 64 aggregate 2,415 -> 2,511 tok/s, batch 1 357 -> 361.
-// A/B (temporary, HEARTH_MOE_EXPERT_WARPS=4, HEARTH_MOE_GATE_UP_DEPTH=2|4): 4 warps a block at 8
-// blocks an SM (the same 64 registers), so a batch-1 layer's 768 gate_up and 1,024 down blocks fit
-// one wave of 1,056 on the H100 (528 places at 8 warps: 1.45 and 1.94 waves).
-template <bool GATE_UP, bool PER_PAIR, int kMmaWarps, int kMmaDepth>
-__global__ void __launch_bounds__(kMmaWarps * 32, 32 / kMmaWarps)
+// result does not depend on the other pairs of its block, and both paths take the same warps.
+// Eight blocks of 4 warps an SM (64 registers, a few bytes spilled), where it was four of 8: the
+// blocks are small (gate_up 16 rows x 2,048 inputs, down 16 x 768) and a batch-1 layer's 768 gate_up
+// and 1,024 down blocks now fit one wave of 1,056 on the H100, not 1.45 and 1.94 of 528; each wave
+// paid the whole chain (gate_up cannot request a weight before the route is known). Measured on
+// Qwen3-30B-A3B NVFP4 (H100, docs/BENCHMARKS.md): batch-1 step 2,960 / 2,965 -> 2,862 us, the expert
+// kernels 1,017 -> 934 us a step; batch 8 9,404 -> 9,069 us (with gate_up's ring 4 deep, which lost
+// at batch 1: 3,017 / 3,020 us). Before: four blocks of 8 an SM against three (73-76 registers), batch
+// 64's expert kernels 18.3 -> 17.2 ms a step.
+constexpr int kMmaWarps = 4;
+constexpr int kMmaDepth = 2;  // steps in flight per warp (gate_up's k = 2048 is 4 steps a warp)
+using ExpertStream = nvfp4_mma::WeightStream<1, kMmaDepth>;
+constexpr int kMmaRingBytes = kMmaWarps * ExpertStream::kWarpBytes;
+
+template <bool GATE_UP, bool PER_PAIR>
+__global__ void __launch_bounds__(kMmaWarps * 32, 8)
     moe_expert_mma_kernel(const float* __restrict__ x, MoeExperts ex, const int32_t* __restrict__ pair_expert,
                           const int32_t* __restrict__ sorted, const int32_t* __restrict__ tiles, int top_k,
                           float* __restrict__ out) {
   using namespace nvfp4_mma;
-  using ExpertStream = WeightStream<1, kMmaDepth>;
-  __shared__ __align__(16) unsigned char ring[kMmaWarps * ExpertStream::kWarpBytes];
+  __shared__ __align__(16) unsigned char ring[kMmaRingBytes];
   const int tile = blockIdx.x;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int g = lane >> 2, t = lane & 3;
@@ -808,25 +813,6 @@ void check_experts(const MoeExperts& ex) {
                  "moe: hidden and expert sizes must be multiples of 16");
 }
 
-// A/B switch (temporary): the expert kernel's warps a block (HEARTH_MOE_EXPERT_WARPS=4: 8 blocks an
-// SM) and, at 4 warps, gate_up's ring depth (HEARTH_MOE_GATE_UP_DEPTH=2, default 4). The same warps
-// on both paths, so per-pair and tiled results stay bit-identical.
-template <typename F, typename PerPair>
-void with_expert_config(bool gate_up, F&& f, PerPair) {
-  constexpr bool P = PerPair::value;
-  static const bool four = env_is("HEARTH_MOE_EXPERT_WARPS", "4");
-  static const bool shallow = env_is("HEARTH_MOE_GATE_UP_DEPTH", "2");
-  if (!four) {
-    if (gate_up) f(moe_expert_mma_kernel<true, P, 8, 2>, 8);
-    else f(moe_expert_mma_kernel<false, P, 8, 2>, 8);
-  } else if (gate_up) {
-    if (shallow) f(moe_expert_mma_kernel<true, P, 4, 2>, 4);
-    else f(moe_expert_mma_kernel<true, P, 4, 4>, 4);
-  } else {
-    f(moe_expert_mma_kernel<false, P, 4, 2>, 4);
-  }
-}
-
 }  // namespace
 
 bool moe_shape_supported(int hidden, int inter) { return hidden % 16 == 0 && inter % 16 == 0; }
@@ -876,10 +862,13 @@ void launch_moe_expert_gemv(const float* x, const MoeExperts& ex, const int32_t*
   const bool nvfp4 = ex.gate_up.format == WeightFormat::NvFp4;
   if (moe_tiled_gemv_supported(ex)) {
     const int32_t* none = nullptr;
-    with_expert_config(gate_up, [&](auto kernel, int warps) {
-      const dim3 grid(gate_up ? (ex.inter + 7) / 8 : (ex.hidden + 15) / 16, pairs);
-      launch_pdl(kernel, grid, warps * 32, 0, stream, x, ex, pair_expert, none, none, top_k, out);
-    }, std::true_type{});
+    if (gate_up) {
+      launch_pdl(moe_expert_mma_kernel<true, true>, dim3((ex.inter + 7) / 8, pairs), kMmaWarps * 32, 0, stream,
+                 x, ex, pair_expert, none, none, top_k, out);
+    } else {
+      launch_pdl(moe_expert_mma_kernel<false, true>, dim3((ex.hidden + 15) / 16, pairs), kMmaWarps * 32, 0, stream,
+                 x, ex, pair_expert, none, none, top_k, out);
+    }
     HEARTH_CHECK_LAUNCH("moe_expert_mma_kernel");
     return;
   }
@@ -904,10 +893,13 @@ void launch_moe_expert_tiles(const float* x, const MoeExperts& ex, const int32_t
   HEARTH_REQUIRE(max_tiles >= 0 && max_tiles <= 65535 && top_k > 0, "moe expert tiles: bad tile count");
   if (max_tiles == 0) return;
   const int32_t* none = nullptr;
-  with_expert_config(gate_up, [&](auto kernel, int warps) {
-    const dim3 grid(gate_up ? (ex.inter + 7) / 8 : (ex.hidden + 15) / 16, max_tiles);
-    launch_pdl(kernel, grid, warps * 32, 0, stream, x, ex, none, sorted, tiles, top_k, out);
-  }, std::false_type{});
+  if (gate_up) {
+    launch_pdl(moe_expert_mma_kernel<true, false>, dim3((ex.inter + 7) / 8, max_tiles), kMmaWarps * 32, 0, stream,
+               x, ex, none, sorted, tiles, top_k, out);
+  } else {
+    launch_pdl(moe_expert_mma_kernel<false, false>, dim3((ex.hidden + 15) / 16, max_tiles), kMmaWarps * 32, 0,
+               stream, x, ex, none, sorted, tiles, top_k, out);
+  }
   HEARTH_CHECK_LAUNCH("moe_expert_mma_kernel");
 }
 
