@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+import os
 
 import pytest
 
@@ -176,12 +177,13 @@ def test_decode_attention(lens, heads, kvh, hd, split_len):
         assert rel(out[r], _attention_ref(q[r], kc, vc, tables[r], n, heads, kvh, hd)) < 1e-5
 
 
-@pytest.mark.parametrize("kvh", [8, 4])  # 4: eight heads a KV head, in blocks of four
-def test_decode_attention_rows_do_not_depend_on_batch(kvh):
+# (32, 4, 128): eight heads a KV head, in blocks of four; (9, 3, 64): the 135M's groups of three;
+# (16, 8, 96): pairs
+@pytest.mark.parametrize("heads,kvh,hd", [(32, 8, 128), (32, 4, 128), (9, 3, 64), (16, 8, 96)])
+def test_decode_attention_rows_do_not_depend_on_batch(heads, kvh, hd):
     """A row's output is bit-identical alone (one head per block) and among 40 rows (the KV head's
     query group, or four heads of it, per block, fewer blocks per (row, group) walking more pieces
     each): batched decoding equals unbatched decoding."""
-    heads, hd = 32, 128
     lens = [4099, 1, 300, 257, 2000] * 8
     kc, vc, tables, max_blocks = _attention_case(lens, heads, kvh, hd)
     q = torch.randn(len(lens), heads * hd, device="cuda")
@@ -194,7 +196,9 @@ def test_decode_attention_rows_do_not_depend_on_batch(kvh):
 
 
 @pytest.mark.parametrize("name,rows,heads,kvh,hd,kv", [("135M b1", 1, 9, 3, 64, 256), ("135M b1 kv 32", 1, 9, 3, 64, 32),
-                                                      ("8B b1", 1, 32, 8, 128, 256), ("8B b64", 64, 32, 8, 128, 144),
+                                                      ("8B b1", 1, 32, 8, 128, 256), ("8B b1 265", 1, 32, 8, 128, 265),
+                                                      ("8B b64", 64, 32, 8, 128, 144), ("8B b64 265", 64, 32, 8, 128, 265),
+                                                      ("135M b64", 64, 9, 3, 64, 265),
                                                       ("30B-A3B b64", 64, 32, 4, 128, 144),
                                                       ("8B b1 4k", 1, 32, 8, 128, 4096)])
 def test_decode_attention_latency(name, rows, heads, kvh, hd, kv):
@@ -218,7 +222,15 @@ def test_decode_attention_latency(name, rows, heads, kvh, hd, kv):
     flush = torch.empty(1 << 29, device="cuda", dtype=torch.bfloat16).normal_()
     expected = _attention_ref(q[0], kc, vc, ids[0], kv, heads, kvh, hd)
     results = []
-    for variant in ("default",):
+    # A/B candidates (temporary): the staged grouped kernel at 8 or 4 warps, pieces of >= 512 keys
+    variants = {"register": {}, "staged 8": {"HEARTH_ATTN_STAGED": "8"}, "staged 4": {"HEARTH_ATTN_STAGED": "4"},
+                "register p512": {"HEARTH_ATTN_MIN_PIECE": "512"},
+                "staged 8 p512": {"HEARTH_ATTN_STAGED": "8", "HEARTH_ATTN_MIN_PIECE": "512"},
+                "staged 4 p512": {"HEARTH_ATTN_STAGED": "4", "HEARTH_ATTN_MIN_PIECE": "512"}}
+    for variant, env in variants.items():
+        for key in ("HEARTH_ATTN_STAGED", "HEARTH_ATTN_MIN_PIECE"):
+            os.environ.pop(key, None)
+        os.environ.update(env)
         out = poison((rows, heads * hd), torch.float32)
 
         def launch():
@@ -246,6 +258,8 @@ def test_decode_attention_latency(name, rows, heads, kvh, hd, kv):
             torch.cuda.synchronize()
             cold.append(t0.elapsed_time(t1) * 1e3)
         results.append(f"{variant} {hot:.1f} / {sorted(cold)[len(cold) // 2]:.1f} us")
+    for key in ("HEARTH_ATTN_STAGED", "HEARTH_ATTN_MIN_PIECE"):
+        os.environ.pop(key, None)
     print(f"\n[decode attention {name}: rows {rows}, heads {heads}/{kvh}, hd {hd}, kv {kv}; back to back / "
           "after 1 GiB read] " + ", ".join(results))
 

@@ -17,6 +17,42 @@ __device__ __forceinline__ size_t cache_slot(const int32_t* table, int block_siz
   return (size_t)table[key / block_size] * block_size + key % block_size;
 }
 
+// A key's score against one query: the dot product in fp32, in dimension order (q: HD fp32, k_raw:
+// the key's HD bf16 values). Every decode kernel scores through this one expression, so a head's
+// scores have the same bits in each of them.
+template <int HD>
+__device__ __forceinline__ float key_dot(const uint4 (&k_raw)[HD / 8], const float* q) {
+  float dot = 0.f;
+#pragma unroll
+  for (int c = 0; c < HD / 8; ++c) {
+    const __nv_bfloat162* pairs = reinterpret_cast<const __nv_bfloat162*>(&k_raw[c]);
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const float2 f = __bfloat1622float2(pairs[e]);
+      dot += f.x * q[c * 8 + 2 * e] + f.y * q[c * 8 + 2 * e + 1];
+    }
+  }
+  return dot;
+}
+
+// Folds a warp's chunk of scores (lane j: key j's score s[g] for each head, -inf past the chunk's
+// valid keys) into the running states: new max, the old sums and outputs rescaled, and p[g] =
+// exp(s - max) for lane j's key (0 where not valid). The values are added by the caller.
+template <int HD, int G>
+__device__ __forceinline__ void fold_scores(SoftmaxState<HD> (&st)[G], const float (&s)[G], bool valid,
+                                            float (&p)[G]) {
+#pragma unroll
+  for (int g = 0; g < G; ++g) {
+    const float new_m = fmaxf(st[g].m, warp_max(s[g]));
+    const float corr = expf(st[g].m - new_m);  // 0 when st.m is -inf
+    p[g] = valid ? expf(s[g] - new_m) : 0.f;
+    st[g].l = st[g].l * corr + warp_sum(p[g]);
+    st[g].m = new_m;
+#pragma unroll
+    for (int r = 0; r < HD / 32; ++r) st[g].acc[r] *= corr;
+  }
+}
+
 // One warp folds a chunk of up to 32 keys of KV head `kvh` into the states of the G query heads
 // that share it (grouped-query attention: each K and V row is read once for all G). q_smem holds
 // the G queries, [G][HD] fp32. Lane j scores key j for each head; then every lane accumulates dims
@@ -58,32 +94,10 @@ __device__ __forceinline__ void fold_key_chunk_group(SoftmaxState<HD> (&st)[G], 
     }
   };
   load_values(0);
-  float p[G];
+  float s[G], p[G];
 #pragma unroll
-  for (int g = 0; g < G; ++g) {
-    float s = -INFINITY;
-    if (valid) {
-      const float* q = q_smem + g * HD;
-      float dot = 0.f;
-#pragma unroll
-      for (int c = 0; c < HD / 8; ++c) {
-        const __nv_bfloat162* pairs = reinterpret_cast<const __nv_bfloat162*>(&k_raw[c]);
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const float2 f = __bfloat1622float2(pairs[e]);
-          dot += f.x * q[c * 8 + 2 * e] + f.y * q[c * 8 + 2 * e + 1];
-        }
-      }
-      s = dot * scale;
-    }
-    const float new_m = fmaxf(st[g].m, warp_max(s));
-    const float corr = expf(st[g].m - new_m);  // 0 when st.m is -inf
-    p[g] = valid ? expf(s - new_m) : 0.f;
-    st[g].l = st[g].l * corr + warp_sum(p[g]);
-    st[g].m = new_m;
-#pragma unroll
-    for (int r = 0; r < HD / 32; ++r) st[g].acc[r] *= corr;
-  }
+  for (int g = 0; g < G; ++g) s[g] = valid ? key_dot<HD>(k_raw, q_smem + g * HD) * scale : -INFINITY;
+  fold_scores<HD, G>(st, s, valid, p);
   for (int j0 = 0; j0 < n_valid; j0 += kValueGroup) {
     if (j0 > 0) load_values(j0);
 #pragma unroll

@@ -27,6 +27,8 @@
 #include <algorithm>
 
 #include "attention_common.cuh"
+#include "cp_async.cuh"
+#include "../env.h"
 #include "../launch.cuh"
 
 namespace hearth {
@@ -42,8 +44,10 @@ constexpr int kGroupedBlocksPerSm = 2, kOneHeadBlocksPerSm = 1;
 // length and a row's pieces do not depend on its batch.
 __device__ __forceinline__ int row_split_len(int kv_len, int split_len, int max_splits) {
   if (split_len > 0) return split_len;
+  // A/B candidate (temporary): split_len -n asks for pieces of at least n keys (HEARTH_ATTN_MIN_PIECE).
+  const int min_len = split_len < 0 ? -split_len : kMinSplitLen;
   const int s = ((kv_len + max_splits - 1) / max_splits + 31) / 32 * 32;
-  return max(kMinSplitLen, s);
+  return max(min_len, s);
 }
 
 // Warm L2 (and the TLB) with one piece of K and V of KV head kvh; reads only what the host wrote.
@@ -63,86 +67,56 @@ __device__ __forceinline__ void prefetch_piece(const PagedAttention& p, const in
 
 // kBlocksPerSm 2 (the grouped kernel): registers capped at 128 (value loads in half groups, some
 // spills at head size 128) so two blocks share an SM; 1 (one head per block): up to 255 registers.
-template <int HD, int G, int kBlocksPerSm>
-__global__ void __launch_bounds__(kDecodeWarps * 32, kBlocksPerSm)
-decode_attention_kernel(PagedAttention p, int split_len_arg, int max_splits,
-                        float* __restrict__ part_ml, float* __restrict__ part_acc,
-                        int* __restrict__ counters) {
-  // Metadata first: the host wrote it before the step, so it needs no wait.
-  const int h0 = blockIdx.x * G, row = blockIdx.y;
-  const int kv_len = p.kv_lens[row];
-  const int split_len = row_split_len(kv_len, split_len_arg, max_splits);
-  const int splits = (kv_len + split_len - 1) / split_len;
-  if ((int)blockIdx.z >= splits) return;  // reads nothing an earlier kernel wrote, writes nothing
-  const int kvh = h0 / (p.heads / p.kv_heads);
-  const int32_t* table = p.block_tables + (size_t)p.row_table[row] * p.max_blocks;
-  {
-    const int start = blockIdx.z * split_len;
-    prefetch_piece<HD>(p, table, kvh, start, min(kv_len, start + split_len));
+// The block's per-warp states of one piece are in m_smem / l_smem / acc_smem (after a barrier):
+// merged in warp order into the piece's (max, sum, output). A row of one piece is normalized and
+// written to out; else the piece's partial goes to part_ml / part_acc for merge_pieces. Returns
+// true where the row was written. Every decode kernel ends a piece here, so a piece's bits do not
+// depend on which kernel folded it.
+template <int HD, int G>
+__device__ __forceinline__ bool store_piece(const float (*m_smem)[kDecodeWarps],
+                                            const float (*l_smem)[kDecodeWarps],
+                                            const float (*acc_smem)[kDecodeWarps][HD], int split,
+                                            int splits, int max_splits, size_t head_row,
+                                            float* __restrict__ out, float* __restrict__ part_ml,
+                                            float* __restrict__ part_acc) {
+  float m[G], inv[G];
+#pragma unroll
+  for (int g = 0; g < G; ++g) {
+    m[g] = -INFINITY;
+    for (int w = 0; w < kDecodeWarps; ++w) m[g] = fmaxf(m[g], m_smem[g][w]);
+    float l = 0.f;
+    for (int w = 0; w < kDecodeWarps; ++w)
+      if (l_smem[g][w] > 0.f) l += l_smem[g][w] * expf(m_smem[g][w] - m[g]);
+    inv[g] = l > 0.f ? 1.f / l : 0.f;
+    if (splits > 1 && threadIdx.x == 0) {
+      const size_t part = (head_row + g) * max_splits + split;
+      part_ml[part * 2] = m[g];
+      part_ml[part * 2 + 1] = l;
+    }
   }
-  pdl_wait();
-  pdl_launch_dependents();
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  __shared__ float q_smem[G * HD];
-  __shared__ float m_smem[G][kDecodeWarps], l_smem[G][kDecodeWarps];
-  __shared__ float acc_smem[G][kDecodeWarps][HD];
-  __shared__ float piece_w[G][32];  // merge: each piece's weight exp(m_s - m)
+  for (int i = threadIdx.x; i < G * HD; i += blockDim.x) {
+    const int g = i / HD, d = i % HD;
+    float a = 0.f;
+    for (int w = 0; w < kDecodeWarps; ++w)
+      if (l_smem[g][w] > 0.f) a += acc_smem[g][w][d] * expf(m_smem[g][w] - m[g]);
+    if (splits == 1)
+      out[i] = a * inv[g];
+    else
+      part_acc[((head_row + g) * max_splits + split) * HD + d] = a;
+  }
+  return splits == 1;
+}
+
+// After a block stored its `mine` pieces of (row, head group) head_row: publish them and count;
+// the block that completes the count merges every piece, in piece order, into out (and re-arms
+// the counter for the next launch).
+template <int HD, int G>
+__device__ __forceinline__ void merge_pieces(int mine, int splits, int max_splits, size_t head_row,
+                                             float* __restrict__ out, const float* part_ml,
+                                             const float* part_acc, int* __restrict__ counters) {
+  __shared__ float piece_w[G][32];  // each piece's weight exp(m_s - m)
   __shared__ float piece_l[G][32];
   __shared__ bool last_block;
-  const float* q = p.q + ((size_t)row * p.heads + h0) * HD;  // the G heads' queries, adjacent
-  for (int i = threadIdx.x; i < G * HD; i += blockDim.x) q_smem[i] = q[i];
-  __syncthreads();
-  const size_t head_row = (size_t)row * p.heads + h0;  // (row, first head of the group)
-  float* out = p.out + head_row * HD;
-  int mine = 0;
-  for (int split = blockIdx.z; split < splits; split += gridDim.z, ++mine) {
-    const int start = split * split_len;
-    const int end = min(kv_len, start + split_len);
-    SoftmaxState<HD> st[G];
-    for (int key0 = start + warp * 32; key0 < end; key0 += kDecodeWarps * 32)
-      fold_key_chunk_group<HD, G, kBlocksPerSm>(st, q_smem, table, p.block_size, p.kv_heads, kvh, p.k_cache,
-                                  p.v_cache, key0, min(32, end - key0), p.scale);
-#pragma unroll
-    for (int g = 0; g < G; ++g) {
-      if (lane == 0) {
-        m_smem[g][warp] = st[g].m;
-        l_smem[g][warp] = st[g].l;
-      }
-#pragma unroll
-      for (int r = 0; r < HD / 32; ++r) acc_smem[g][warp][lane + 32 * r] = st[g].acc[r];
-    }
-    __syncthreads();
-    float m[G], inv[G];
-#pragma unroll
-    for (int g = 0; g < G; ++g) {
-      m[g] = -INFINITY;
-      for (int w = 0; w < kDecodeWarps; ++w) m[g] = fmaxf(m[g], m_smem[g][w]);
-      float l = 0.f;
-      for (int w = 0; w < kDecodeWarps; ++w)
-        if (l_smem[g][w] > 0.f) l += l_smem[g][w] * expf(m_smem[g][w] - m[g]);
-      inv[g] = l > 0.f ? 1.f / l : 0.f;
-      if (splits > 1 && threadIdx.x == 0) {
-        const size_t part = (head_row + g) * max_splits + split;
-        part_ml[part * 2] = m[g];
-        part_ml[part * 2 + 1] = l;
-      }
-    }
-    // One piece is the whole row: normalized and written directly. Else this piece's partial.
-    for (int i = threadIdx.x; i < G * HD; i += blockDim.x) {
-      const int g = i / HD, d = i % HD;
-      float a = 0.f;
-      for (int w = 0; w < kDecodeWarps; ++w)
-        if (l_smem[g][w] > 0.f) a += acc_smem[g][w][d] * expf(m_smem[g][w] - m[g]);
-      if (splits == 1)
-        out[i] = a * inv[g];
-      else
-        part_acc[((head_row + g) * max_splits + split) * HD + d] = a;
-    }
-    if (splits == 1) return;
-    __syncthreads();  // m_smem / acc_smem are reused by the next piece
-  }
-  // Publish this block's pieces, then count them; the block that completes the count merges (and
-  // re-arms the counter for the next launch).
   __threadfence();
   __syncthreads();
   if (threadIdx.x == 0) {
@@ -185,9 +159,242 @@ decode_attention_kernel(PagedAttention p, int split_len_arg, int max_splits,
   }
 }
 
+// kBlocksPerSm 2 (the grouped kernel): registers capped at 128 (value loads in half groups, some
+// spills at head size 128) so two blocks share an SM; 1 (one head per block): up to 255 registers.
+template <int HD, int G, int kBlocksPerSm>
+__global__ void __launch_bounds__(kDecodeWarps * 32, kBlocksPerSm)
+decode_attention_kernel(PagedAttention p, int split_len_arg, int max_splits,
+                        float* __restrict__ part_ml, float* __restrict__ part_acc,
+                        int* __restrict__ counters) {
+  // Metadata first: the host wrote it before the step, so it needs no wait.
+  const int h0 = blockIdx.x * G, row = blockIdx.y;
+  const int kv_len = p.kv_lens[row];
+  const int split_len = row_split_len(kv_len, split_len_arg, max_splits);
+  const int splits = (kv_len + split_len - 1) / split_len;
+  if ((int)blockIdx.z >= splits) return;  // reads nothing an earlier kernel wrote, writes nothing
+  const int kvh = h0 / (p.heads / p.kv_heads);
+  const int32_t* table = p.block_tables + (size_t)p.row_table[row] * p.max_blocks;
+  {
+    const int start = blockIdx.z * split_len;
+    prefetch_piece<HD>(p, table, kvh, start, min(kv_len, start + split_len));
+  }
+  pdl_wait();
+  pdl_launch_dependents();
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  __shared__ float q_smem[G * HD];
+  __shared__ float m_smem[G][kDecodeWarps], l_smem[G][kDecodeWarps];
+  __shared__ float acc_smem[G][kDecodeWarps][HD];
+  const float* q = p.q + ((size_t)row * p.heads + h0) * HD;  // the G heads' queries, adjacent
+  for (int i = threadIdx.x; i < G * HD; i += blockDim.x) q_smem[i] = q[i];
+  __syncthreads();
+  const size_t head_row = (size_t)row * p.heads + h0;  // (row, first head of the group)
+  float* out = p.out + head_row * HD;
+  int mine = 0;
+  for (int split = blockIdx.z; split < splits; split += gridDim.z, ++mine) {
+    const int start = split * split_len;
+    const int end = min(kv_len, start + split_len);
+    SoftmaxState<HD> st[G];
+    for (int key0 = start + warp * 32; key0 < end; key0 += kDecodeWarps * 32)
+      fold_key_chunk_group<HD, G, kBlocksPerSm>(st, q_smem, table, p.block_size, p.kv_heads, kvh,
+                                                p.k_cache, p.v_cache, key0, min(32, end - key0),
+                                                p.scale);
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+      if (lane == 0) {
+        m_smem[g][warp] = st[g].m;
+        l_smem[g][warp] = st[g].l;
+      }
+#pragma unroll
+      for (int r = 0; r < HD / 32; ++r) acc_smem[g][warp][lane + 32 * r] = st[g].acc[r];
+    }
+    __syncthreads();
+    if (store_piece<HD, G>(m_smem, l_smem, acc_smem, split, splits, max_splits, head_row, out,
+                           part_ml, part_acc))
+      return;  // one piece is the whole row
+    __syncthreads();  // m_smem / acc_smem are reused by the next piece
+  }
+  merge_pieces<HD, G>(mine, splits, max_splits, head_row, out, part_ml, part_acc, counters);
+}
+
+// ---- staged grouped kernel (A/B candidate: HEARTH_ATTN_STAGED=8 or 4) ----
+// The same pieces, warp chunks and arithmetic as decode_attention_kernel, but a warp copies its
+// chunk's 32 K rows and 32 V rows into shared memory with cp.async in one round trip (16 lanes a
+// row, coalesced), then scores and sums from there: no K row held in registers, no value loads in
+// serial groups, one block an SM's worth of registers free. kWarps physical warps fold the
+// kDecodeWarps chunk states in turn (virtual warp v = warp, warp + kWarps, ...), so 4 warps fit a
+// block in 99 KB (Ada) and two blocks share an SM on Hopper.
+template <int HD>
+struct StagedChunk {
+  static constexpr int kKRow = HD * 2 + 16;  // bytes; the pad puts 8 lanes' 16-byte reads of 8 rows in
+                                             // distinct banks (HD * 2 / 16 + 1 is odd)
+  static constexpr int kVRow = HD * 2;
+  static constexpr int kBytes = 32 * kKRow + 32 * kVRow + 32 * 4 * 4;  // K, V, p of up to 4 heads
+};
+
+template <int HD, int G>
+constexpr size_t staged_smem_bytes(int warps) {
+  return (size_t)warps * StagedChunk<HD>::kBytes + sizeof(float) * G * kDecodeWarps * HD;
+}
+
+// One warp's chunk of up to 32 keys from shared memory: lane j scores key j (the same key_dot and
+// fold_scores as fold_key_chunk_group), then every lane sums its dims lane * R .. lane * R + R - 1
+// (R = HD / 32) over the chunk's values, in key order.
+template <int HD, int G>
+__device__ __forceinline__ void fold_staged_chunk(SoftmaxState<HD> (&st)[G], const float* q_smem,
+                                                  unsigned char* stage, const int32_t* table,
+                                                  int block_size, int kv_heads, int kvh,
+                                                  const bf16* __restrict__ k_cache,
+                                                  const bf16* __restrict__ v_cache, int key0,
+                                                  int n_valid, float scale) {
+  using C = StagedChunk<HD>;
+  constexpr int R = HD / 32, kRowPieces = HD / 8;  // 16-byte pieces a row
+  const int lane = threadIdx.x & 31;
+  const bool valid = lane < n_valid;
+  unsigned char* ks = stage;
+  unsigned char* vs = stage + 32 * C::kKRow;
+  float* ps = reinterpret_cast<float*>(vs + 32 * C::kVRow);
+  const size_t slot = cache_slot(table, block_size, key0 + (valid ? lane : 0));
+#pragma unroll
+  for (int i = lane; i < 32 * kRowPieces; i += 32) {
+    const int r = i / kRowPieces, c = i % kRowPieces;
+    const size_t sr = __shfl_sync(0xffffffffu, slot, r);
+    if (r < n_valid) {
+      const size_t off = (sr * kv_heads + kvh) * HD + c * 8;
+      cp_async_16(ks + r * C::kKRow + c * 16, k_cache + off, 16);
+      cp_async_16(vs + r * C::kVRow + c * 16, v_cache + off, 16);
+    }
+  }
+  cp_async_commit();
+  cp_async_wait<0>();
+  __syncwarp();
+  float s[G], p[G];
+  if (valid) {
+    uint4 k_raw[HD / 8];
+    const uint4* k = reinterpret_cast<const uint4*>(ks + lane * C::kKRow);
+#pragma unroll
+    for (int c = 0; c < HD / 8; ++c) k_raw[c] = k[c];
+#pragma unroll
+    for (int g = 0; g < G; ++g) s[g] = key_dot<HD>(k_raw, q_smem + g * HD) * scale;
+  } else {
+#pragma unroll
+    for (int g = 0; g < G; ++g) s[g] = -INFINITY;
+  }
+  fold_scores<HD, G>(st, s, valid, p);
+#pragma unroll
+  for (int g = 0; g < G; ++g) ps[lane * 4 + g] = p[g];
+  __syncwarp();
+  for (int j = 0; j < n_valid; ++j) {
+    const float4 pj4 = *reinterpret_cast<const float4*>(ps + j * 4);
+    const float pj[4] = {pj4.x, pj4.y, pj4.z, pj4.w};
+    const bf16* v = reinterpret_cast<const bf16*>(vs + j * C::kVRow) + lane * R;
+    float vr[R];
+    if constexpr (R == 4) {
+      const uint2 raw = *reinterpret_cast<const uint2*>(v);
+      const float2 a = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&raw.x));
+      const float2 b = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&raw.y));
+      vr[0] = a.x, vr[1] = a.y, vr[2] = b.x, vr[3] = b.y;
+    } else if constexpr (R == 2) {
+      const float2 a = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(v));
+      vr[0] = a.x, vr[1] = a.y;
+    } else {
+#pragma unroll
+      for (int r = 0; r < R; ++r) vr[r] = __bfloat162float(v[r]);
+    }
+#pragma unroll
+    for (int g = 0; g < G; ++g)
+#pragma unroll
+      for (int r = 0; r < R; ++r) st[g].acc[r] += pj[g] * vr[r];
+  }
+  __syncwarp();  // the next chunk's copies overwrite this one
+}
+
+template <int HD, int G, int kWarps>
+__global__ void __launch_bounds__(kWarps * 32, kWarps == 4 ? 2 : 1)
+decode_attention_staged_kernel(PagedAttention p, int split_len_arg, int max_splits,
+                               float* __restrict__ part_ml, float* __restrict__ part_acc,
+                               int* __restrict__ counters) {
+  static_assert(kDecodeWarps % kWarps == 0 && G <= 4 && HD <= 128, "staged decode attention shape");
+  const int h0 = blockIdx.x * G, row = blockIdx.y;
+  const int kv_len = p.kv_lens[row];
+  const int split_len = row_split_len(kv_len, split_len_arg, max_splits);
+  const int splits = (kv_len + split_len - 1) / split_len;
+  if ((int)blockIdx.z >= splits) return;
+  const int kvh = h0 / (p.heads / p.kv_heads);
+  const int32_t* table = p.block_tables + (size_t)p.row_table[row] * p.max_blocks;
+  {
+    const int start = blockIdx.z * split_len;
+    prefetch_piece<HD>(p, table, kvh, start, min(kv_len, start + split_len));
+  }
+  pdl_wait();
+  pdl_launch_dependents();
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  extern __shared__ __align__(16) unsigned char staged_smem[];
+  auto acc_smem = reinterpret_cast<float (*)[kDecodeWarps][HD]>(staged_smem);
+  unsigned char* stage = staged_smem + sizeof(float) * G * kDecodeWarps * HD +
+                         (size_t)warp * StagedChunk<HD>::kBytes;
+  __shared__ float q_smem[G * HD];
+  __shared__ float m_smem[G][kDecodeWarps], l_smem[G][kDecodeWarps];
+  const float* q = p.q + ((size_t)row * p.heads + h0) * HD;
+  for (int i = threadIdx.x; i < G * HD; i += blockDim.x) q_smem[i] = q[i];
+  __syncthreads();
+  const size_t head_row = (size_t)row * p.heads + h0;
+  float* out = p.out + head_row * HD;
+  constexpr int R = HD / 32;
+  int mine = 0;
+  for (int split = blockIdx.z; split < splits; split += gridDim.z, ++mine) {
+    const int start = split * split_len;
+    const int end = min(kv_len, start + split_len);
+    for (int v = warp; v < kDecodeWarps; v += kWarps) {
+      SoftmaxState<HD> st[G];
+      for (int key0 = start + v * 32; key0 < end; key0 += kDecodeWarps * 32)
+        fold_staged_chunk<HD, G>(st, q_smem, stage, table, p.block_size, p.kv_heads, kvh, p.k_cache,
+                                 p.v_cache, key0, min(32, end - key0), p.scale);
+#pragma unroll
+      for (int g = 0; g < G; ++g) {
+        if (lane == 0) {
+          m_smem[g][v] = st[g].m;
+          l_smem[g][v] = st[g].l;
+        }
+#pragma unroll
+        for (int r = 0; r < R; ++r) acc_smem[g][v][lane * R + r] = st[g].acc[r];
+      }
+    }
+    __syncthreads();
+    if (store_piece<HD, G>(m_smem, l_smem, acc_smem, split, splits, max_splits, head_row, out,
+                           part_ml, part_acc))
+      return;
+    __syncthreads();
+  }
+  merge_pieces<HD, G>(mine, splits, max_splits, head_row, out, part_ml, part_acc, counters);
+}
+
+// A/B candidate switch (temporary): HEARTH_ATTN_STAGED=8 or 4 runs the grouped heads on the staged
+// kernel with that many warps a block, where its shared memory fits the GPU; else the register
+// kernel. Read at each launch (graphs capture the choice).
+static int staged_warps(int group, int head_dim) {
+  if (group == 1 || head_dim > 128) return 0;
+  if (env_is("HEARTH_ATTN_STAGED", "8")) return 8;
+  if (env_is("HEARTH_ATTN_STAGED", "4")) return 4;
+  return 0;
+}
+
+template <int HD, int G, int W>
+static void launch_staged(dim3 grid, cudaStream_t stream, const PagedAttention& p, int split_len,
+                          int max_splits, float* partial_ml, float* partial_acc, int* counters) {
+  auto kernel = decode_attention_staged_kernel<HD, G, W>;
+  const size_t smem = staged_smem_bytes<HD, G>(W);
+  static const bool opted_in = [&] {
+    HEARTH_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    return true;
+  }();
+  (void)opted_in;
+  launch_pdl(kernel, grid, W * 32, smem, stream, p, split_len, max_splits, partial_ml, partial_acc,
+             counters);
+}
+
 // The kernel of one head size for a group of 1-4 query heads (2-4 only up to head size 128).
 template <int HD>
-void launch_decode_attention_grouped(int group, dim3 grid, cudaStream_t stream,
+void launch_decode_attention_grouped(int group, int staged, dim3 grid, cudaStream_t stream,
                                      const PagedAttention& p, int split_len, int max_splits,
                                      float* partial_ml, float* partial_acc, int* counters) {
   auto launch = [&](auto kernel) {
@@ -195,9 +402,15 @@ void launch_decode_attention_grouped(int group, dim3 grid, cudaStream_t stream,
                partial_acc, counters);
   };
   if constexpr (HD <= 128) {
-    if (group == 2) return launch(decode_attention_kernel<HD, 2, kGroupedBlocksPerSm>);
-    if (group == 3) return launch(decode_attention_kernel<HD, 3, kGroupedBlocksPerSm>);
-    if (group == 4) return launch(decode_attention_kernel<HD, 4, kGroupedBlocksPerSm>);
+#define HEARTH_STAGED(G)                                                                           \
+  if (staged == 8) return launch_staged<HD, G, 8>(grid, stream, p, split_len, max_splits, partial_ml, \
+                                                  partial_acc, counters);                        \
+  if (staged == 4) return launch_staged<HD, G, 4>(grid, stream, p, split_len, max_splits, partial_ml, \
+                                                  partial_acc, counters);
+    if (group == 2) { HEARTH_STAGED(2) return launch(decode_attention_kernel<HD, 2, kGroupedBlocksPerSm>); }
+    if (group == 3) { HEARTH_STAGED(3) return launch(decode_attention_kernel<HD, 3, kGroupedBlocksPerSm>); }
+    if (group == 4) { HEARTH_STAGED(4) return launch(decode_attention_kernel<HD, 4, kGroupedBlocksPerSm>); }
+#undef HEARTH_STAGED
   }
   HEARTH_REQUIRE(group == 1, "decode_attention: unsupported head group");
   launch(decode_attention_kernel<HD, 1, kOneHeadBlocksPerSm>);
@@ -238,10 +451,24 @@ void launch_decode_attention(const PagedAttention& p, int split_len, int max_spl
   if (p.rows == 0) return;
   const int group = decode_attention_group(p.rows, p.heads, p.kv_heads, p.head_dim);
   const int blocks_x = p.heads / group;
-  dim3 grid(blocks_x, p.rows, decode_attention_grid_splits(p.rows, blocks_x, group, max_splits));
+  int staged = staged_warps(group, p.head_dim);
+  // Blocks an SM: the staged kernel's shared memory (8 warps ~155 KB: one; 4 warps ~89 KB: two on
+  // Hopper, one on Ada), where it fits at all.
+  int per_sm = 0;
+  if (staged) {
+    const size_t smem = (size_t)staged * (32 * (p.head_dim * 4 + 16) + 512) +
+                        sizeof(float) * group * kDecodeWarps * p.head_dim;
+    per_sm = smem > (size_t)smem_per_block_optin() ? 0 : staged == 4 && 2 * smem <= 227 * 1024 ? 2 : 1;
+    if (per_sm == 0) staged = 0;
+  }
+  if (split_len == 0 && env_is("HEARTH_ATTN_MIN_PIECE", "512")) split_len = -512;
+  int z = decode_attention_grid_splits(p.rows, blocks_x, group, max_splits);
+  if (staged) z = (int)std::max(1LL, std::min<long long>((long long)per_sm * sm_count() /
+                                                         ((long long)p.rows * blocks_x), max_splits));
+  dim3 grid(blocks_x, p.rows, z);
   HEARTH_DISPATCH_HEAD_DIM(p.head_dim, {
-    launch_decode_attention_grouped<HD>(group, grid, stream, p, split_len, max_splits, partial_ml,
-                                        partial_acc, counters);
+    launch_decode_attention_grouped<HD>(group, staged, grid, stream, p, split_len, max_splits,
+                                        partial_ml, partial_acc, counters);
     HEARTH_CHECK_LAUNCH("decode_attention_kernel");
   });
 }

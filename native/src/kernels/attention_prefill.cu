@@ -14,6 +14,7 @@
 #include <algorithm>
 
 #include "attention_common.cuh"
+#include "cp_async.cuh"
 
 namespace hearth {
 
@@ -48,17 +49,6 @@ prefill_attention_kernel(PagedAttention p) {
 constexpr int kTcQueryTile = 64;  // query rows per block (4 warps x 16)
 constexpr int kTcKeyTile = 64;    // keys per shared-memory tile
 constexpr int kTcThreads = 128;
-
-__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool valid) {
-  const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
-  const int n = valid ? 16 : 0;  // 0: no read, the 16 bytes are zero-filled
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(n));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-}
 
 __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
   __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);  // .x (low 16 bits) = lo
@@ -160,8 +150,8 @@ prefill_attention_tc_kernel(PagedAttention p, float* __restrict__ part_ml,
       const bool ok = key < kv_max;  // keys past the block's last row: zeros (never NaN)
       size_t off = 0;
       if (ok) off = (cache_slot(table, p.block_size, key) * p.kv_heads + kvh) * HD + c * 8;
-      cp_async16(kd + kr * LD + c * 8, p.k_cache + off, ok);
-      cp_async16(vd + kr * LD + c * 8, p.v_cache + off, ok);
+      cp_async_16(kd + kr * LD + c * 8, p.k_cache + off, ok ? 16 : 0);  // 0: zero-filled
+      cp_async_16(vd + kr * LD + c * 8, p.v_cache + off, ok ? 16 : 0);
     }
     cp_async_commit();
   };

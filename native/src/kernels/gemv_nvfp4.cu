@@ -127,7 +127,7 @@ __global__ void __launch_bounds__(W * 32) gemv_nvfp4_kernel(GemvParams prm, cons
 #pragma unroll
   for (int d = 0; d < D; ++d) {
     if (d < my_steps) ws.issue(warp + d * kWarps, d);
-    nvfp4_mma::cp_async_commit();
+    cp_async_commit();
   }
   pdl_wait();
   pdl_launch_dependents();
@@ -237,7 +237,7 @@ __global__ void __launch_bounds__(W * 32) gemv_nvfp4_kernel(GemvParams prm, cons
           for (int q = 0; q < 4; ++q) times_norm_weight(xv[2 * q], xv[2 * q + 1], nw4[q]);
         }
       }
-      nvfp4_mma::cp_async_wait<D - 1>();  // step j's group (D + j groups committed so far)
+      cp_async_wait<D - 1>();  // step j's group (D + j groups committed so far)
       uint4 w[FT][2];
       uint32_t sc[FT][2];
       ws.fetch(slot, w, sc);
@@ -253,7 +253,7 @@ __global__ void __launch_bounds__(W * 32) gemv_nvfp4_kernel(GemvParams prm, cons
       }
       // The slot is free once its values are multiplied: the step D ahead goes into it.
       if (j + D < my_steps) ws.issue(s + D * kWarps, slot);
-      nvfp4_mma::cp_async_commit();
+      cp_async_commit();
     }
   }
 

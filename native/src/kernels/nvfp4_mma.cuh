@@ -9,6 +9,8 @@
 
 #include <cstdint>
 
+#include "cp_async.cuh"
+
 namespace hearth {
 namespace nvfp4_mma {
 
@@ -261,30 +263,6 @@ __device__ __forceinline__ float operand_scale(float m) {
   int e = 0;
   frexpf(m, &e);
   return ldexpf(1.f, e - 15);
-}
-
-// ---- cp.async: global -> shared copies that run while the warp computes ----
-__device__ __forceinline__ uint32_t smem_address(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-// 16 bytes, L1 bypassed (weights are read once); bytes = 0 writes zeros and reads nothing.
-__device__ __forceinline__ void cp_async_16(void* dst, const void* src, int bytes) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(smem_address(dst)), "l"(src), "r"(bytes)
-               : "memory");
-}
-
-__device__ __forceinline__ void cp_async_4(void* dst, const void* src, int bytes) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(smem_address(dst)), "l"(src), "r"(bytes)
-               : "memory");
-}
-
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-
-// Waits until at most N of this thread's most recent groups are still in flight.
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
 }
 
 // A lane's share of FT 16-row tiles of an NVFP4 weight (its 16 code bytes of each of its two rows
