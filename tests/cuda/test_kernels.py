@@ -226,9 +226,10 @@ def test_decode_attention_latency(name, rows, heads, kvh, hd, kv):
     variants = {"register": {}, "staged 8": {"HEARTH_ATTN_STAGED": "8"}, "staged 4": {"HEARTH_ATTN_STAGED": "4"},
                 "register p512": {"HEARTH_ATTN_MIN_PIECE": "512"},
                 "staged 8 p512": {"HEARTH_ATTN_STAGED": "8", "HEARTH_ATTN_MIN_PIECE": "512"},
-                "staged 4 p512": {"HEARTH_ATTN_STAGED": "4", "HEARTH_ATTN_MIN_PIECE": "512"}}
+                "staged 4 p512": {"HEARTH_ATTN_STAGED": "4", "HEARTH_ATTN_MIN_PIECE": "512"},
+                "staged one": {"HEARTH_ATTN_STAGED_ONE": "1"}}
     for variant, env in variants.items():
-        for key in ("HEARTH_ATTN_STAGED", "HEARTH_ATTN_MIN_PIECE"):
+        for key in ("HEARTH_ATTN_STAGED", "HEARTH_ATTN_MIN_PIECE", "HEARTH_ATTN_STAGED_ONE"):
             os.environ.pop(key, None)
         os.environ.update(env)
         out = poison((rows, heads * hd), torch.float32)
@@ -258,7 +259,7 @@ def test_decode_attention_latency(name, rows, heads, kvh, hd, kv):
             torch.cuda.synchronize()
             cold.append(t0.elapsed_time(t1) * 1e3)
         results.append(f"{variant} {hot:.1f} / {sorted(cold)[len(cold) // 2]:.1f} us")
-    for key in ("HEARTH_ATTN_STAGED", "HEARTH_ATTN_MIN_PIECE"):
+    for key in ("HEARTH_ATTN_STAGED", "HEARTH_ATTN_MIN_PIECE", "HEARTH_ATTN_STAGED_ONE"):
         os.environ.pop(key, None)
     print(f"\n[decode attention {name}: rows {rows}, heads {heads}/{kvh}, hd {hd}, kv {kv}; back to back / "
           "after 1 GiB read] " + ", ".join(results))

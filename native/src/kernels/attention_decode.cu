@@ -372,7 +372,8 @@ decode_attention_staged_kernel(PagedAttention p, int split_len_arg, int max_spli
 // kernel with that many warps a block, where its shared memory fits the GPU; else the register
 // kernel. Read at each launch (graphs capture the choice).
 static int staged_warps(int group, int head_dim) {
-  if (group == 1 || head_dim > 128) return 0;
+  if (head_dim > 128) return 0;
+  if (group == 1) return env_is("HEARTH_ATTN_STAGED_ONE", "1") ? 8 : 0;  // one head a block, 8 warps
   if (env_is("HEARTH_ATTN_STAGED", "8")) return 8;
   if (env_is("HEARTH_ATTN_STAGED", "4")) return 4;
   return 0;
@@ -413,6 +414,10 @@ void launch_decode_attention_grouped(int group, int staged, dim3 grid, cudaStrea
 #undef HEARTH_STAGED
   }
   HEARTH_REQUIRE(group == 1, "decode_attention: unsupported head group");
+  if constexpr (HD <= 128) {
+    if (staged == 8)
+      return launch_staged<HD, 1, 8>(grid, stream, p, split_len, max_splits, partial_ml, partial_acc, counters);
+  }
   launch(decode_attention_kernel<HD, 1, kOneHeadBlocksPerSm>);
 }
 
