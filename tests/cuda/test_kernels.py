@@ -167,7 +167,8 @@ def _decode_attention(q, kc, vc, tables, lens, heads, kvh, hd, max_blocks, split
 
 
 @pytest.mark.parametrize("lens,heads,kvh,hd", [([1], 4, 4, 64), ([17, 300], 9, 3, 64), ([4099, 1, 640], 32, 8, 128),
-                                               ([1000], 16, 8, 96), ([300, 1, 129, 2000] * 3, 32, 4, 128)])
+                                               ([1000], 16, 8, 96), ([300, 1, 129, 2000] * 3, 32, 4, 128),
+                                               ([300, 5], 8, 2, 256)])  # 256: the register kernel
 @pytest.mark.parametrize("split_len", [160, 0])  # 0: each row picks its own pieces (graph path)
 def test_decode_attention(lens, heads, kvh, hd, split_len):
     kc, vc, tables, max_blocks = _attention_case(lens, heads, kvh, hd)
@@ -222,15 +223,10 @@ def test_decode_attention_latency(name, rows, heads, kvh, hd, kv):
     flush = torch.empty(1 << 29, device="cuda", dtype=torch.bfloat16).normal_()
     expected = _attention_ref(q[0], kc, vc, ids[0], kv, heads, kvh, hd)
     results = []
-    # A/B candidates (temporary): the staged grouped kernel at 8 or 4 warps, pieces of >= 512 keys
-    variants = {"register": {}, "staged 8": {"HEARTH_ATTN_STAGED": "8"}, "staged 4": {"HEARTH_ATTN_STAGED": "4"},
-                "register p512": {"HEARTH_ATTN_MIN_PIECE": "512"},
-                "staged 8 p512": {"HEARTH_ATTN_STAGED": "8", "HEARTH_ATTN_MIN_PIECE": "512"},
-                "staged 4 p512": {"HEARTH_ATTN_STAGED": "4", "HEARTH_ATTN_MIN_PIECE": "512"},
-                "staged one": {"HEARTH_ATTN_STAGED_ONE": "1"}}
+    # A/B candidate (temporary): pieces of >= 512 keys
+    variants = {"default": {}, "p512": {"HEARTH_ATTN_MIN_PIECE": "512"}}
     for variant, env in variants.items():
-        for key in ("HEARTH_ATTN_STAGED", "HEARTH_ATTN_MIN_PIECE", "HEARTH_ATTN_STAGED_ONE"):
-            os.environ.pop(key, None)
+        os.environ.pop("HEARTH_ATTN_MIN_PIECE", None)
         os.environ.update(env)
         out = poison((rows, heads * hd), torch.float32)
 
@@ -259,8 +255,7 @@ def test_decode_attention_latency(name, rows, heads, kvh, hd, kv):
             torch.cuda.synchronize()
             cold.append(t0.elapsed_time(t1) * 1e3)
         results.append(f"{variant} {hot:.1f} / {sorted(cold)[len(cold) // 2]:.1f} us")
-    for key in ("HEARTH_ATTN_STAGED", "HEARTH_ATTN_MIN_PIECE", "HEARTH_ATTN_STAGED_ONE"):
-        os.environ.pop(key, None)
+    os.environ.pop("HEARTH_ATTN_MIN_PIECE", None)
     print(f"\n[decode attention {name}: rows {rows}, heads {heads}/{kvh}, hd {hd}, kv {kv}; back to back / "
           "after 1 GiB read] " + ", ".join(results))
 

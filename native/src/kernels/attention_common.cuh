@@ -59,9 +59,7 @@ __device__ __forceinline__ void fold_scores(SoftmaxState<HD> (&st)[G], const flo
 // lane, lane+32, ... over the chunk's values. The first group of value loads is issued with the
 // key loads (its addresses need only the slots), so K and V cost one round trip to memory, not
 // two. A head's arithmetic is the same expressions in the same order at any G.
-// kValueGroupDivisor > 1 issues fewer value loads at a time (fewer registers: the grouped decode
-// kernel at two blocks per SM); the sums are the same.
-template <int HD, int G, int kValueGroupDivisor = 1>
+template <int HD, int G>
 __device__ __forceinline__ void fold_key_chunk_group(SoftmaxState<HD> (&st)[G], const float* q_smem,
                                                      const int32_t* table, int block_size,
                                                      int kv_heads, int kvh,
@@ -81,7 +79,7 @@ __device__ __forceinline__ void fold_key_chunk_group(SoftmaxState<HD> (&st)[G], 
   // Values in groups of kValueGroup keys: a group's loads are issued together, then summed in key
   // order. Keys past n_valid in the last group add 0 * (the chunk's first value), so the sum is
   // the same as stopping at n_valid.
-  constexpr int kValueGroup = (HD <= 64 ? 32 : HD <= 128 ? 16 : 8) / kValueGroupDivisor;
+  constexpr int kValueGroup = HD <= 64 ? 32 : HD <= 128 ? 16 : 8;
   float vj[kValueGroup][HD / 32];
   auto load_values = [&](int j0) {
 #pragma unroll

@@ -9,21 +9,25 @@
 //   - a row's keys are cut into pieces of split_len (>= 256 keys, chosen from the row's kv_len
 //     alone), so a long context spreads over many blocks;
 //   - block (head group, row, z) takes pieces z, z + Z, ... (Z = gridDim.z: as many as one wave of
-//     blocks holds, decode_attention_grid_splits), 8 warps x 32 keys at a time, and writes each
-//     piece's (max, sum, unnormalized output) per head;
+//     blocks holds), 8 chunk states of 32 keys at a time, and writes each piece's (max, sum,
+//     unnormalized output) per head;
 //   - the block that completes a (row, group)'s last piece, found with an atomic counter, merges
 //     the pieces into out = softmax(q k^T * scale) v, fp32, in piece order. A row of one piece is
 //     written directly.
-// A piece's partial and the merge do not depend on Z, G or the other rows, so a row's output is
-// bit-identical at any batch size. Decode is latency-bound at short contexts, so the code keeps
-// the chain of dependent memory accesses short: before waiting for the previous kernel (rope), a
-// block reads its row's metadata and block table (written by the host before the step) and
-// prefetches its first piece of K and V into L2 (all written by earlier steps but the newest key,
-// and L2 is coherent with rope's write of that one); rope triggers this launch before its own
-// wait, so the prefetch overlaps the qkv GEMV (135M batch 1 +6 %, 8B unchanged); K and V loads
-// are issued together. The grouped kernel runs at two blocks per SM (8B 64 rows x 144 keys 43.5
-// against 57.3 us at one). The previous two-kernel pair lost its A/B by 8-54 % at batch 64 and
-// was deleted (2026-12-03).
+// A warp copies its chunk's 32 K rows and 32 V rows into shared memory with cp.async (16 lanes a
+// row, coalesced: one round trip for all of them), then lane j scores key j and every lane sums its
+// dims over the values from there (the staged kernel). It replaced (2026-12-08, H100) a kernel that
+// held a lane's key row in registers and loaded values in serial groups of 8-16 keys: 8B 64 rows x
+// 265 keys 89.7 -> 66.1 us, the 8B NVFP4 batch-64 step 10,455 -> 9,601 us, batch 1 (one head a
+// block) 2,976 -> 2,947 us (attention 367 -> 314 us a step). The grouped heads run 4 warps a block
+// (two blocks an SM; 8 warps at one: 89.0 us), one head 8 warps; that one remains for head size
+// 256 and GPUs whose shared memory cannot hold the staging (decode_attention_kernel).
+// A piece's partial and the merge do not depend on Z, G, the kernel or the other rows, so a row's
+// output is bit-identical at any batch size (tested). Decode is latency-bound at short contexts,
+// so before waiting for the previous kernel (rope) a block reads its row's metadata and block
+// table (written by the host before the step) and prefetches its first piece of K and V into L2
+// (all written by earlier steps but the newest key, and L2 is coherent with rope's write of that
+// one); rope triggers this launch before its own wait, so the prefetch overlaps the qkv GEMV.
 #include <algorithm>
 
 #include "attention_common.cuh"
@@ -36,8 +40,8 @@ namespace hearth {
 constexpr int kDecodeWarps = 8;
 constexpr int kMinSplitLen = kDecodeWarps * 32;  // one chunk of 32 keys per warp
 constexpr int kMaxGroup = 4;                      // query heads per block at most
-// Blocks a multiprocessor holds: the kernels' launch bounds, and the grid's wave (grid_splits).
-constexpr int kGroupedBlocksPerSm = 2, kOneHeadBlocksPerSm = 1;
+// Warps a block of the staged kernel: the grouped heads 4 (two blocks an SM), one head 8.
+constexpr int kGroupedWarps = 4, kOneHeadWarps = 8;
 
 // The piece length of a row: `split_len` when given (> 0), else chosen from the row's own kv_len
 // (at least kMinSplitLen keys, at most max_splits pieces), so a captured graph needs no host-side
@@ -65,8 +69,6 @@ __device__ __forceinline__ void prefetch_piece(const PagedAttention& p, const in
   }
 }
 
-// kBlocksPerSm 2 (the grouped kernel): registers capped at 128 (value loads in half groups, some
-// spills at head size 128) so two blocks share an SM; 1 (one head per block): up to 255 registers.
 // The block's per-warp states of one piece are in m_smem / l_smem / acc_smem (after a barrier):
 // merged in warp order into the piece's (max, sum, output). A row of one piece is normalized and
 // written to out; else the piece's partial goes to part_ml / part_acc for merge_pieces. Returns
@@ -159,14 +161,15 @@ __device__ __forceinline__ void merge_pieces(int mine, int splits, int max_split
   }
 }
 
-// kBlocksPerSm 2 (the grouped kernel): registers capped at 128 (value loads in half groups, some
-// spills at head size 128) so two blocks share an SM; 1 (one head per block): up to 255 registers.
-template <int HD, int G, int kBlocksPerSm>
-__global__ void __launch_bounds__(kDecodeWarps * 32, kBlocksPerSm)
+// One head a block with a lane's key row in registers: head size 256, and GPUs whose shared memory
+// cannot hold the staged kernel's chunks.
+template <int HD>
+__global__ void __launch_bounds__(kDecodeWarps * 32, 1)
 decode_attention_kernel(PagedAttention p, int split_len_arg, int max_splits,
                         float* __restrict__ part_ml, float* __restrict__ part_acc,
                         int* __restrict__ counters) {
   // Metadata first: the host wrote it before the step, so it needs no wait.
+  constexpr int G = 1;
   const int h0 = blockIdx.x * G, row = blockIdx.y;
   const int kv_len = p.kv_lens[row];
   const int split_len = row_split_len(kv_len, split_len_arg, max_splits);
@@ -195,9 +198,8 @@ decode_attention_kernel(PagedAttention p, int split_len_arg, int max_splits,
     const int end = min(kv_len, start + split_len);
     SoftmaxState<HD> st[G];
     for (int key0 = start + warp * 32; key0 < end; key0 += kDecodeWarps * 32)
-      fold_key_chunk_group<HD, G, kBlocksPerSm>(st, q_smem, table, p.block_size, p.kv_heads, kvh,
-                                                p.k_cache, p.v_cache, key0, min(32, end - key0),
-                                                p.scale);
+      fold_key_chunk_group<HD, G>(st, q_smem, table, p.block_size, p.kv_heads, kvh, p.k_cache,
+                                  p.v_cache, key0, min(32, end - key0), p.scale);
 #pragma unroll
     for (int g = 0; g < G; ++g) {
       if (lane == 0) {
@@ -216,13 +218,12 @@ decode_attention_kernel(PagedAttention p, int split_len_arg, int max_splits,
   merge_pieces<HD, G>(mine, splits, max_splits, head_row, out, part_ml, part_acc, counters);
 }
 
-// ---- staged grouped kernel (A/B candidate: HEARTH_ATTN_STAGED=8 or 4) ----
-// The same pieces, warp chunks and arithmetic as decode_attention_kernel, but a warp copies its
-// chunk's 32 K rows and 32 V rows into shared memory with cp.async in one round trip (16 lanes a
-// row, coalesced), then scores and sums from there: no K row held in registers, no value loads in
-// serial groups, one block an SM's worth of registers free. kWarps physical warps fold the
-// kDecodeWarps chunk states in turn (virtual warp v = warp, warp + kWarps, ...), so 4 warps fit a
-// block in 99 KB (Ada) and two blocks share an SM on Hopper.
+// ---- the staged kernel ----
+// The same pieces, chunk states and arithmetic as decode_attention_kernel (key_dot, fold_scores,
+// store_piece, merge_pieces), with each chunk's K and V rows copied into shared memory first.
+// kWarps physical warps fold the kDecodeWarps chunk states in turn (state v = warp, warp + kWarps,
+// ...): the grouped heads' 4 warps take 89 KB at head size 128, so two blocks share a Hopper SM
+// and one fits Ada's 99 KB.
 template <int HD>
 struct StagedChunk {
   static constexpr int kKRow = HD * 2 + 16;  // bytes; the pad puts 8 lanes' 16-byte reads of 8 rows in
@@ -309,7 +310,7 @@ __device__ __forceinline__ void fold_staged_chunk(SoftmaxState<HD> (&st)[G], con
 }
 
 template <int HD, int G, int kWarps>
-__global__ void __launch_bounds__(kWarps * 32, kWarps == 4 ? 2 : 1)
+__global__ void __launch_bounds__(kWarps * 32, kWarps == kGroupedWarps ? 2 : 1)
 decode_attention_staged_kernel(PagedAttention p, int split_len_arg, int max_splits,
                                float* __restrict__ part_ml, float* __restrict__ part_acc,
                                int* __restrict__ counters) {
@@ -368,80 +369,93 @@ decode_attention_staged_kernel(PagedAttention p, int split_len_arg, int max_spli
   merge_pieces<HD, G>(mine, splits, max_splits, head_row, out, part_ml, part_acc, counters);
 }
 
-// A/B candidate switch (temporary): HEARTH_ATTN_STAGED=8 or 4 runs the grouped heads on the staged
-// kernel with that many warps a block, where its shared memory fits the GPU; else the register
-// kernel. Read at each launch (graphs capture the choice).
-static int staged_warps(int group, int head_dim) {
-  if (head_dim > 128) return 0;
-  if (group == 1) return env_is("HEARTH_ATTN_STAGED_ONE", "1") ? 8 : 0;  // one head a block, 8 warps
-  if (env_is("HEARTH_ATTN_STAGED", "8")) return 8;
-  if (env_is("HEARTH_ATTN_STAGED", "4")) return 4;
+// The staged kernel for G heads: blocks an SM at its shared memory, found once (0 where the
+// staging does not fit this GPU's blocks), and its launch.
+template <int HD, int G>
+struct Staged {
+  static constexpr int kWarps = G == 1 ? kOneHeadWarps : kGroupedWarps;
+  static constexpr auto kernel = decode_attention_staged_kernel<HD, G, kWarps>;
+  static int blocks_per_sm() {
+    static const int blocks = [] {
+      const int smem = (int)staged_smem_bytes<HD, G>(kWarps);
+      int n = 0;
+      if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) != cudaSuccess ||
+          cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, kWarps * 32, smem) != cudaSuccess) {
+        (void)cudaGetLastError();  // more than the GPU's blocks may opt into: not an error, a fallback
+        return 0;
+      }
+      return n;
+    }();
+    return blocks;
+  }
+  static void launch(dim3 grid, cudaStream_t stream, const PagedAttention& p, int split_len, int max_splits,
+                     float* partial_ml, float* partial_acc, int* counters) {
+    launch_pdl(kernel, grid, kWarps * 32, staged_smem_bytes<HD, G>(kWarps), stream, p, split_len, max_splits,
+               partial_ml, partial_acc, counters);
+  }
+};
+
+// Blocks an SM of the staged kernel for `group` heads (0: the register kernel runs, one head).
+template <int HD>
+int staged_blocks_per_sm(int group) {
+  if constexpr (HD <= 128) {
+    switch (group) {
+      case 1: return Staged<HD, 1>::blocks_per_sm();
+      case 2: return Staged<HD, 2>::blocks_per_sm();
+      case 3: return Staged<HD, 3>::blocks_per_sm();
+      case 4: return Staged<HD, 4>::blocks_per_sm();
+      default: break;
+    }
+  }
   return 0;
 }
 
-template <int HD, int G, int W>
-static void launch_staged(dim3 grid, cudaStream_t stream, const PagedAttention& p, int split_len,
-                          int max_splits, float* partial_ml, float* partial_acc, int* counters) {
-  auto kernel = decode_attention_staged_kernel<HD, G, W>;
-  const size_t smem = staged_smem_bytes<HD, G>(W);
-  static const bool opted_in = [&] {
-    HEARTH_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-    return true;
-  }();
-  (void)opted_in;
-  launch_pdl(kernel, grid, W * 32, smem, stream, p, split_len, max_splits, partial_ml, partial_acc,
-             counters);
+static int staged_blocks_per_sm(int group, int head_dim) {
+  int blocks = 0;
+  HEARTH_DISPATCH_HEAD_DIM(head_dim, blocks = staged_blocks_per_sm<HD>(group));
+  return blocks;
 }
 
-// The kernel of one head size for a group of 1-4 query heads (2-4 only up to head size 128).
 template <int HD>
-void launch_decode_attention_grouped(int group, int staged, dim3 grid, cudaStream_t stream,
-                                     const PagedAttention& p, int split_len, int max_splits,
-                                     float* partial_ml, float* partial_acc, int* counters) {
-  auto launch = [&](auto kernel) {
-    launch_pdl(kernel, grid, kDecodeWarps * 32, 0, stream, p, split_len, max_splits, partial_ml,
-               partial_acc, counters);
-  };
+void launch_decode_attention_heads(int group, bool staged, dim3 grid, cudaStream_t stream,
+                                   const PagedAttention& p, int split_len, int max_splits,
+                                   float* partial_ml, float* partial_acc, int* counters) {
   if constexpr (HD <= 128) {
-#define HEARTH_STAGED(G)                                                                           \
-  if (staged == 8) return launch_staged<HD, G, 8>(grid, stream, p, split_len, max_splits, partial_ml, \
-                                                  partial_acc, counters);                        \
-  if (staged == 4) return launch_staged<HD, G, 4>(grid, stream, p, split_len, max_splits, partial_ml, \
-                                                  partial_acc, counters);
-    if (group == 2) { HEARTH_STAGED(2) return launch(decode_attention_kernel<HD, 2, kGroupedBlocksPerSm>); }
-    if (group == 3) { HEARTH_STAGED(3) return launch(decode_attention_kernel<HD, 3, kGroupedBlocksPerSm>); }
-    if (group == 4) { HEARTH_STAGED(4) return launch(decode_attention_kernel<HD, 4, kGroupedBlocksPerSm>); }
-#undef HEARTH_STAGED
+    if (staged) {
+      switch (group) {
+        case 1: return Staged<HD, 1>::launch(grid, stream, p, split_len, max_splits, partial_ml, partial_acc, counters);
+        case 2: return Staged<HD, 2>::launch(grid, stream, p, split_len, max_splits, partial_ml, partial_acc, counters);
+        case 3: return Staged<HD, 3>::launch(grid, stream, p, split_len, max_splits, partial_ml, partial_acc, counters);
+        case 4: return Staged<HD, 4>::launch(grid, stream, p, split_len, max_splits, partial_ml, partial_acc, counters);
+        default: break;
+      }
+    }
   }
   HEARTH_REQUIRE(group == 1, "decode_attention: unsupported head group");
-  if constexpr (HD <= 128) {
-    if (staged == 8)
-      return launch_staged<HD, 1, 8>(grid, stream, p, split_len, max_splits, partial_ml, partial_acc, counters);
-  }
-  launch(decode_attention_kernel<HD, 1, kOneHeadBlocksPerSm>);
+  launch_pdl(decode_attention_kernel<HD>, grid, kDecodeWarps * 32, 0, stream, p, split_len, max_splits, partial_ml,
+             partial_acc, counters);
 }
 
 int decode_attention_group(int rows, int heads, int kv_heads, int head_dim) {
   const int sms = sm_count();
   if (head_dim > 128 || (long long)rows * heads < 2LL * sms) return 1;
   // The most heads (<= kMaxGroup) that evenly divide those sharing a KV head: Qwen3-30B-A3B's 8 go
-  // in groups of 4, so each K and V row is read twice instead of eight times.
+  // in groups of 4, so each K and V row is read twice instead of eight times. Only on the staged
+  // kernel, so only where its shared memory fits.
   const int sharing = heads / kv_heads;
   for (int g = std::min(sharing, kMaxGroup); g > 1; --g)
-    if (sharing % g == 0) return g;
+    if (sharing % g == 0) return staged_blocks_per_sm(g, head_dim) > 0 ? g : 1;
   return 1;
 }
 
-int decode_attention_grid_splits(int rows, int blocks_x, int group, int max_splits) {
-  // As many blocks per (row, head group) as one wave holds beside the others (the one-head kernel
-  // takes an SM: 163 registers at head size 128; the grouped kernel two), at least 1; more pieces
-  // than blocks are walked by each block in turn. The rule before (about four blocks an SM, rounded
-  // up to a power of two) launched 1,024 blocks at batch 1, nearly all empty at short contexts, and
-  // at 4,096 keys queued its 512 working blocks in four rounds: one wave took 8B batch 1 at 4,096
-  // keys from 40.3 to 33.9 us, the same at 256 keys (8.2 / 8.3) and at 64 rows x 144 keys (46.8;
-  // H100, test_decode_attention_latency; docs/BENCHMARKS.md).
-  const long long per_sm = group > 1 ? kGroupedBlocksPerSm : kOneHeadBlocksPerSm;
-  const long long z = per_sm * sm_count() / ((long long)rows * blocks_x);
+int decode_attention_grid_splits(int rows, int blocks_x, int blocks_per_sm, int max_splits) {
+  // As many blocks per (row, head group) as one wave holds beside the others, at least 1; more
+  // pieces than blocks are walked by each block in turn. The rule before (about four blocks an SM,
+  // rounded up to a power of two) launched 1,024 blocks at batch 1, nearly all empty at short
+  // contexts, and at 4,096 keys queued its 512 working blocks in four rounds: one wave took 8B
+  // batch 1 at 4,096 keys from 40.3 to 33.9 us, the same at 256 keys (8.2 / 8.3) and at 64 rows x
+  // 144 keys (46.8; H100, test_decode_attention_latency; docs/BENCHMARKS.md).
+  const long long z = (long long)blocks_per_sm * sm_count() / ((long long)rows * blocks_x);
   return (int)std::max(1LL, std::min<long long>(z, max_splits));
 }
 
@@ -456,24 +470,13 @@ void launch_decode_attention(const PagedAttention& p, int split_len, int max_spl
   if (p.rows == 0) return;
   const int group = decode_attention_group(p.rows, p.heads, p.kv_heads, p.head_dim);
   const int blocks_x = p.heads / group;
-  int staged = staged_warps(group, p.head_dim);
-  // Blocks an SM: the staged kernel's shared memory (8 warps ~155 KB: one; 4 warps ~89 KB: two on
-  // Hopper, one on Ada), where it fits at all.
-  int per_sm = 0;
-  if (staged) {
-    const size_t smem = (size_t)staged * (32 * (p.head_dim * 4 + 16) + 512) +
-                        sizeof(float) * group * kDecodeWarps * p.head_dim;
-    per_sm = smem > (size_t)smem_per_block_optin() ? 0 : staged == 4 && 2 * smem <= 227 * 1024 ? 2 : 1;
-    if (per_sm == 0) staged = 0;
-  }
-  if (split_len == 0 && env_is("HEARTH_ATTN_MIN_PIECE", "512")) split_len = -512;
-  int z = decode_attention_grid_splits(p.rows, blocks_x, group, max_splits);
-  if (staged) z = (int)std::max(1LL, std::min<long long>((long long)per_sm * sm_count() /
-                                                         ((long long)p.rows * blocks_x), max_splits));
-  dim3 grid(blocks_x, p.rows, z);
+  const int staged = staged_blocks_per_sm(group, p.head_dim);  // 0: the register kernel
+  if (split_len == 0 && env_is("HEARTH_ATTN_MIN_PIECE", "512"))
+    split_len = -512;  // A/B candidate (temporary)
+  dim3 grid(blocks_x, p.rows, decode_attention_grid_splits(p.rows, blocks_x, staged > 0 ? staged : 1, max_splits));
   HEARTH_DISPATCH_HEAD_DIM(p.head_dim, {
-    launch_decode_attention_grouped<HD>(group, staged, grid, stream, p, split_len, max_splits,
-                                        partial_ml, partial_acc, counters);
+    launch_decode_attention_heads<HD>(group, staged > 0, grid, stream, p, split_len, max_splits, partial_ml,
+                                      partial_acc, counters);
     HEARTH_CHECK_LAUNCH("decode_attention_kernel");
   });
 }

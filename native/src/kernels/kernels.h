@@ -107,12 +107,13 @@ struct PagedAttention {
 // (max(256, kv_len / max_splits rounded up to 32)); a given split_len times max_splits (<= 32)
 // must cover every row. A block serves decode_attention_group(...) query heads sharing one KV head
 // (1 for few rows x heads, for many the KV head's group or up to 4 heads of it: chosen from the shape);
-// decode_attention_grid_splits: the blocks per (row, head group) of a launch (one wave). Each block reads
-// its metadata and prefetches its first piece of K / V into L2 before waiting for rope.
+// decode_attention_grid_splits: the blocks per (row, head group) of a launch (one wave of
+// blocks_per_sm an SM). A warp stages its chunk's K / V rows in shared memory (cp.async); each
+// block reads its metadata and prefetches its first piece of K / V into L2 before waiting for rope.
 void launch_decode_attention(const PagedAttention& p, int split_len, int max_splits,
                              float* partial_ml, float* partial_acc, int* counters,
                              cudaStream_t stream);
-int decode_attention_grid_splits(int rows, int blocks_x, int group, int max_splits);
+int decode_attention_grid_splits(int rows, int blocks_x, int blocks_per_sm, int max_splits);
 int decode_attention_group(int rows, int heads, int kv_heads, int head_dim);
 
 // attention_prefill.cu: many queries (a prompt chunk) attending causally to the paged cache, on
