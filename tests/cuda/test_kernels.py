@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import math
-import os
 
 import pytest
 
@@ -223,11 +222,7 @@ def test_decode_attention_latency(name, rows, heads, kvh, hd, kv):
     flush = torch.empty(1 << 29, device="cuda", dtype=torch.bfloat16).normal_()
     expected = _attention_ref(q[0], kc, vc, ids[0], kv, heads, kvh, hd)
     results = []
-    # A/B candidate (temporary): pieces of >= 512 keys
-    variants = {"default": {}, "p512": {"HEARTH_ATTN_MIN_PIECE": "512"}}
-    for variant, env in variants.items():
-        os.environ.pop("HEARTH_ATTN_MIN_PIECE", None)
-        os.environ.update(env)
+    for variant in ("default",):
         out = poison((rows, heads * hd), torch.float32)
 
         def launch():
@@ -255,7 +250,6 @@ def test_decode_attention_latency(name, rows, heads, kvh, hd, kv):
             torch.cuda.synchronize()
             cold.append(t0.elapsed_time(t1) * 1e3)
         results.append(f"{variant} {hot:.1f} / {sorted(cold)[len(cold) // 2]:.1f} us")
-    os.environ.pop("HEARTH_ATTN_MIN_PIECE", None)
     print(f"\n[decode attention {name}: rows {rows}, heads {heads}/{kvh}, hd {hd}, kv {kv}; back to back / "
           "after 1 GiB read] " + ", ".join(results))
 

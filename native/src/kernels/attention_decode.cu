@@ -32,7 +32,6 @@
 
 #include "attention_common.cuh"
 #include "cp_async.cuh"
-#include "../env.h"
 #include "../launch.cuh"
 
 namespace hearth {
@@ -48,10 +47,8 @@ constexpr int kGroupedWarps = 4, kOneHeadWarps = 8;
 // length and a row's pieces do not depend on its batch.
 __device__ __forceinline__ int row_split_len(int kv_len, int split_len, int max_splits) {
   if (split_len > 0) return split_len;
-  // A/B candidate (temporary): split_len -n asks for pieces of at least n keys (HEARTH_ATTN_MIN_PIECE).
-  const int min_len = split_len < 0 ? -split_len : kMinSplitLen;
   const int s = ((kv_len + max_splits - 1) / max_splits + 31) / 32 * 32;
-  return max(min_len, s);
+  return max(kMinSplitLen, s);
 }
 
 // Warm L2 (and the TLB) with one piece of K and V of KV head kvh; reads only what the host wrote.
@@ -471,8 +468,6 @@ void launch_decode_attention(const PagedAttention& p, int split_len, int max_spl
   const int group = decode_attention_group(p.rows, p.heads, p.kv_heads, p.head_dim);
   const int blocks_x = p.heads / group;
   const int staged = staged_blocks_per_sm(group, p.head_dim);  // 0: the register kernel
-  if (split_len == 0 && env_is("HEARTH_ATTN_MIN_PIECE", "512"))
-    split_len = -512;  // A/B candidate (temporary)
   dim3 grid(blocks_x, p.rows, decode_attention_grid_splits(p.rows, blocks_x, staged > 0 ? staged : 1, max_splits));
   HEARTH_DISPATCH_HEAD_DIM(p.head_dim, {
     launch_decode_attention_heads<HD>(group, staged > 0, grid, stream, p, split_len, max_splits, partial_ml,
