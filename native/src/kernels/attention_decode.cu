@@ -66,6 +66,36 @@ __device__ __forceinline__ void prefetch_piece(const PagedAttention& p, const in
   }
 }
 
+// A decode block's row, head group, KV head and pieces, from metadata the host wrote before the
+// step (no wait needed); its first piece of K and V is prefetched into L2 before it waits for the
+// previous kernel (rope), then its G queries go to q_smem. False: the block has no piece (z past
+// the row's pieces) and has read nothing an earlier kernel wrote.
+struct DecodeBlock {
+  int h0, row, kv_len, split_len, splits, kvh;
+  const int32_t* table;
+};
+
+template <int HD, int G>
+__device__ __forceinline__ bool start_decode_block(const PagedAttention& p, int split_len_arg, int max_splits,
+                                                   float* q_smem, DecodeBlock& b) {
+  b.h0 = blockIdx.x * G;
+  b.row = blockIdx.y;
+  b.kv_len = p.kv_lens[b.row];
+  b.split_len = row_split_len(b.kv_len, split_len_arg, max_splits);
+  b.splits = (b.kv_len + b.split_len - 1) / b.split_len;
+  if ((int)blockIdx.z >= b.splits) return false;
+  b.kvh = b.h0 / (p.heads / p.kv_heads);
+  b.table = p.block_tables + (size_t)p.row_table[b.row] * p.max_blocks;
+  const int start = blockIdx.z * b.split_len;
+  prefetch_piece<HD>(p, b.table, b.kvh, start, min(b.kv_len, start + b.split_len));
+  pdl_wait();
+  pdl_launch_dependents();
+  const float* q = p.q + ((size_t)b.row * p.heads + b.h0) * HD;  // the G heads' queries, adjacent
+  for (int i = threadIdx.x; i < G * HD; i += blockDim.x) q_smem[i] = q[i];
+  __syncthreads();
+  return true;
+}
+
 // The block's per-warp states of one piece are in m_smem / l_smem / acc_smem (after a barrier):
 // merged in warp order into the piece's (max, sum, output). A row of one piece is normalized and
 // written to out; else the piece's partial goes to part_ml / part_acc for merge_pieces. Returns
@@ -165,29 +195,16 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, 1)
 decode_attention_kernel(PagedAttention p, int split_len_arg, int max_splits,
                         float* __restrict__ part_ml, float* __restrict__ part_acc,
                         int* __restrict__ counters) {
-  // Metadata first: the host wrote it before the step, so it needs no wait.
   constexpr int G = 1;
-  const int h0 = blockIdx.x * G, row = blockIdx.y;
-  const int kv_len = p.kv_lens[row];
-  const int split_len = row_split_len(kv_len, split_len_arg, max_splits);
-  const int splits = (kv_len + split_len - 1) / split_len;
-  if ((int)blockIdx.z >= splits) return;  // reads nothing an earlier kernel wrote, writes nothing
-  const int kvh = h0 / (p.heads / p.kv_heads);
-  const int32_t* table = p.block_tables + (size_t)p.row_table[row] * p.max_blocks;
-  {
-    const int start = blockIdx.z * split_len;
-    prefetch_piece<HD>(p, table, kvh, start, min(kv_len, start + split_len));
-  }
-  pdl_wait();
-  pdl_launch_dependents();
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   __shared__ float q_smem[G * HD];
   __shared__ float m_smem[G][kDecodeWarps], l_smem[G][kDecodeWarps];
   __shared__ float acc_smem[G][kDecodeWarps][HD];
-  const float* q = p.q + ((size_t)row * p.heads + h0) * HD;  // the G heads' queries, adjacent
-  for (int i = threadIdx.x; i < G * HD; i += blockDim.x) q_smem[i] = q[i];
-  __syncthreads();
-  const size_t head_row = (size_t)row * p.heads + h0;  // (row, first head of the group)
+  DecodeBlock b;
+  if (!start_decode_block<HD, G>(p, split_len_arg, max_splits, q_smem, b)) return;
+  const int kv_len = b.kv_len, split_len = b.split_len, splits = b.splits, kvh = b.kvh;
+  const int32_t* table = b.table;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const size_t head_row = (size_t)b.row * p.heads + b.h0;  // (row, first head of the group)
   float* out = p.out + head_row * HD;
   int mine = 0;
   for (int split = blockIdx.z; split < splits; split += gridDim.z, ++mine) {
@@ -312,30 +329,18 @@ decode_attention_staged_kernel(PagedAttention p, int split_len_arg, int max_spli
                                float* __restrict__ part_ml, float* __restrict__ part_acc,
                                int* __restrict__ counters) {
   static_assert(kDecodeWarps % kWarps == 0 && G <= 4 && HD <= 128, "staged decode attention shape");
-  const int h0 = blockIdx.x * G, row = blockIdx.y;
-  const int kv_len = p.kv_lens[row];
-  const int split_len = row_split_len(kv_len, split_len_arg, max_splits);
-  const int splits = (kv_len + split_len - 1) / split_len;
-  if ((int)blockIdx.z >= splits) return;
-  const int kvh = h0 / (p.heads / p.kv_heads);
-  const int32_t* table = p.block_tables + (size_t)p.row_table[row] * p.max_blocks;
-  {
-    const int start = blockIdx.z * split_len;
-    prefetch_piece<HD>(p, table, kvh, start, min(kv_len, start + split_len));
-  }
-  pdl_wait();
-  pdl_launch_dependents();
+  __shared__ float q_smem[G * HD];
+  __shared__ float m_smem[G][kDecodeWarps], l_smem[G][kDecodeWarps];
+  DecodeBlock b;
+  if (!start_decode_block<HD, G>(p, split_len_arg, max_splits, q_smem, b)) return;
+  const int kv_len = b.kv_len, split_len = b.split_len, splits = b.splits, kvh = b.kvh;
+  const int32_t* table = b.table;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   extern __shared__ __align__(16) unsigned char staged_smem[];
   auto acc_smem = reinterpret_cast<float (*)[kDecodeWarps][HD]>(staged_smem);
   unsigned char* stage = staged_smem + sizeof(float) * G * kDecodeWarps * HD +
                          (size_t)warp * StagedChunk<HD>::kBytes;
-  __shared__ float q_smem[G * HD];
-  __shared__ float m_smem[G][kDecodeWarps], l_smem[G][kDecodeWarps];
-  const float* q = p.q + ((size_t)row * p.heads + h0) * HD;
-  for (int i = threadIdx.x; i < G * HD; i += blockDim.x) q_smem[i] = q[i];
-  __syncthreads();
-  const size_t head_row = (size_t)row * p.heads + h0;
+  const size_t head_row = (size_t)b.row * p.heads + b.h0;  // (row, first head of the group)
   float* out = p.out + head_row * HD;
   constexpr int R = HD / 32;
   int mine = 0;

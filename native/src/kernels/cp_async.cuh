@@ -11,7 +11,8 @@ __device__ __forceinline__ uint32_t smem_address(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
 
-// 16 bytes, L1 bypassed (weights are read once); bytes = 0 writes zeros and reads nothing.
+// 16 bytes, L1 bypassed (what is staged is read from shared memory, not again from global); bytes
+// = 0 writes zeros and reads nothing.
 __device__ __forceinline__ void cp_async_16(void* dst, const void* src, int bytes) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(smem_address(dst)), "l"(src), "r"(bytes)
                : "memory");

@@ -813,6 +813,21 @@ void check_experts(const MoeExperts& ex) {
                  "moe: hidden and expert sizes must be multiples of 16");
 }
 
+// moe_expert_mma_kernel over `blocks_y` pairs (PER_PAIR) or sorted tiles: gate_up's blocks take 8
+// outputs (16 rows: gate and up), down's 16.
+template <bool PER_PAIR>
+void launch_expert_mma(const float* x, const MoeExperts& ex, const int32_t* pair_expert, const int32_t* sorted,
+                       const int32_t* tiles, int blocks_y, int top_k, bool gate_up, float* out, cudaStream_t stream) {
+  if (gate_up) {
+    launch_pdl(moe_expert_mma_kernel<true, PER_PAIR>, dim3((ex.inter + 7) / 8, blocks_y), kMmaWarps * 32, 0, stream,
+               x, ex, pair_expert, sorted, tiles, top_k, out);
+  } else {
+    launch_pdl(moe_expert_mma_kernel<false, PER_PAIR>, dim3((ex.hidden + 15) / 16, blocks_y), kMmaWarps * 32, 0,
+               stream, x, ex, pair_expert, sorted, tiles, top_k, out);
+  }
+  HEARTH_CHECK_LAUNCH("moe_expert_mma_kernel");
+}
+
 }  // namespace
 
 bool moe_shape_supported(int hidden, int inter) { return hidden % 16 == 0 && inter % 16 == 0; }
@@ -861,15 +876,7 @@ void launch_moe_expert_gemv(const float* x, const MoeExperts& ex, const int32_t*
   if (pairs == 0) return;
   const bool nvfp4 = ex.gate_up.format == WeightFormat::NvFp4;
   if (moe_tiled_gemv_supported(ex)) {
-    const int32_t* none = nullptr;
-    if (gate_up) {
-      launch_pdl(moe_expert_mma_kernel<true, true>, dim3((ex.inter + 7) / 8, pairs), kMmaWarps * 32, 0, stream,
-                 x, ex, pair_expert, none, none, top_k, out);
-    } else {
-      launch_pdl(moe_expert_mma_kernel<false, true>, dim3((ex.hidden + 15) / 16, pairs), kMmaWarps * 32, 0, stream,
-                 x, ex, pair_expert, none, none, top_k, out);
-    }
-    HEARTH_CHECK_LAUNCH("moe_expert_mma_kernel");
+    launch_expert_mma<true>(x, ex, pair_expert, nullptr, nullptr, pairs, top_k, gate_up, out, stream);
     return;
   }
   dispatch_format(nvfp4, [&](auto fp4) {
@@ -892,15 +899,7 @@ void launch_moe_expert_tiles(const float* x, const MoeExperts& ex, const int32_t
   HEARTH_REQUIRE(moe_tiled_gemv_supported(ex), "moe expert tiles: NVFP4 experts with sizes a multiple of 32");
   HEARTH_REQUIRE(max_tiles >= 0 && max_tiles <= 65535 && top_k > 0, "moe expert tiles: bad tile count");
   if (max_tiles == 0) return;
-  const int32_t* none = nullptr;
-  if (gate_up) {
-    launch_pdl(moe_expert_mma_kernel<true, false>, dim3((ex.inter + 7) / 8, max_tiles), kMmaWarps * 32, 0, stream,
-               x, ex, none, sorted, tiles, top_k, out);
-  } else {
-    launch_pdl(moe_expert_mma_kernel<false, false>, dim3((ex.hidden + 15) / 16, max_tiles), kMmaWarps * 32, 0,
-               stream, x, ex, none, sorted, tiles, top_k, out);
-  }
-  HEARTH_CHECK_LAUNCH("moe_expert_mma_kernel");
+  launch_expert_mma<false>(x, ex, nullptr, sorted, tiles, max_tiles, top_k, gate_up, out, stream);
 }
 
 void launch_moe_sort(const int32_t* pair_expert, int pairs, int experts, int tile_rows, int32_t* sorted,
